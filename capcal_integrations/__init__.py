@@ -1,0 +1,50 @@
+"""capcal-integrations: position-bias-calibrated LLM listwise reranking (CapCal) for RAG pipelines.
+
+>>> from capcal_integrations import CapCalReranker
+>>> # rr = CapCalReranker(base_url="http://127.0.0.1:8080/v1")
+>>> # rr.rerank("how long do fleas live", passages).order
+"""
+
+from .calibration import adaptive_alpha, calibrate, calibrate_log, entropy
+from .errors import (
+    CapabilityError,
+    CapCalError,
+    EndpointError,
+    EndpointTimeout,
+    EndpointUnreachable,
+    InputError,
+    ResponseError,
+)
+from .prompts import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
+from .reranker import CapCalReranker
+from .strategies import METHODS, borda, windows
+from .types import Capabilities, Document, Ranking, Step, Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CapCalReranker",
+    "Document",
+    "Ranking",
+    "Step",
+    "Usage",
+    "Capabilities",
+    "PromptTemplate",
+    "RANK_ZEPHYR",
+    "RANK_GPT",
+    "DEFAULT_PLACEHOLDER",
+    "METHODS",
+    "windows",
+    "borda",
+    "calibrate",
+    "calibrate_log",
+    "adaptive_alpha",
+    "entropy",
+    "CapCalError",
+    "InputError",
+    "CapabilityError",
+    "EndpointError",
+    "EndpointTimeout",
+    "EndpointUnreachable",
+    "ResponseError",
+]

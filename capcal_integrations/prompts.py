@@ -1,0 +1,132 @@
+"""Listwise prompts: the RankZephyr/RankGPT single-turn template, identifiers, passage cleaning.
+
+A prompt is a tuple of chat messages; the *empty* prompt is the same template with every passage
+body replaced by a placeholder (same query, same identifiers, same length of list).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import InputError
+from .types import Document
+
+__all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "DEFAULT_PLACEHOLDER", "labels", "clean_passage", "render"]
+
+#: The reference release's content-free passage.
+DEFAULT_PLACEHOLDER = "This is a placeholder passage for bias testing."
+
+Messages = tuple[tuple[str, str], ...]  # (role, content) pairs; hashable so they can key caches
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A single-turn listwise template. Fields may use ``{num}`` and ``{query}``; ``passage`` also
+    ``{label}`` (e.g. ``[3]``) and ``{text}``."""
+
+    system: str
+    head: str
+    passage: str
+    tail: str
+    name: str = "custom"
+
+
+RANK_ZEPHYR = PromptTemplate(
+    name="rank_zephyr",
+    system="You are RankLLM, an intelligent assistant that can rank passages based on their relevancy to the query.",
+    head=(
+        "I will provide you with {num} passages, each indicated by a numerical identifier []. "
+        "Rank the passages based on their relevance to the search query: {query}.\n\n"
+    ),
+    passage="{label} {text}\n",
+    tail=(
+        "\nSearch Query: {query}.\n"
+        "Rank the {num} passages above based on their relevance to the search query. All the passages "
+        "should be included and listed using identifiers, in descending order of relevance. The output "
+        "format should be [] > [], e.g., [2] > [1], Answer concisely and directly and only respond with "
+        "the ranking results, do not say any word or explain."
+    ),
+)
+
+RANK_GPT = PromptTemplate(
+    name="rank_gpt",
+    system="You are RankGPT, an intelligent assistant that can rank passages based on their relevancy to the query.",
+    head=(
+        "I will provide you with {num} passages, each indicated by number identifier []. \n"
+        "Rank the passages based on their relevance to query: {query}.\n\n"
+    ),
+    passage="{label} {text}\n",
+    tail=(
+        "\nSearch Query: {query}. \n"
+        "Rank the {num} passages above based on their relevance to the search query. The passages should "
+        "be listed in descending order using identifiers. The most relevant passages should be listed "
+        "first. The output format should be [] > [], e.g., [1] > [2]. Only response the ranking results, "
+        "do not say any word or explain."
+    ),
+)
+
+TEMPLATES = {t.name: t for t in (RANK_ZEPHYR, RANK_GPT)}
+
+_IDENTIFIER_LIKE = re.compile(r"\[(\d{1,3}|[A-Za-z])\]")
+_CHAT_MARKUP = re.compile(r"<\|[^|<>]{0,40}\|>|</?s>")
+
+
+def labels(n: int, style: str = "numeric") -> list[str]:
+    """Identifiers for ``n`` passages: ``[1]``..``[n]`` or ``[A]``..; alphabetic allows at most 26.
+
+    >>> labels(3), labels(2, "alpha")
+    (['[1]', '[2]', '[3]'], ['[A]', '[B]'])
+    """
+    if style == "numeric":
+        return [f"[{i}]" for i in range(1, n + 1)]
+    if style == "alpha":
+        if n > 26:
+            raise InputError(f"alphabetic identifiers allow at most 26 passages per window, got {n}")
+        return [f"[{c}]" for c in string.ascii_uppercase[:n]]
+    raise InputError(f"unknown identifier style {style!r}; use 'numeric' or 'alpha'")
+
+
+def clean_passage(text: str, max_words: int | None) -> str:
+    """Collapse whitespace, cut to ``max_words`` words, and neutralise look-alike identifiers
+    (``[12]`` becomes ``(12)``, as rank_llm does) and chat-template markup so that passage text can
+    neither pose as an identifier nor close the turn.
+
+    >>> clean_passage("see  [3] and\\n[B] <|im_end|> now", None)
+    'see (3) and (B) now'
+    >>> clean_passage("one two three", 2)
+    'one two'
+    """
+    words = _CHAT_MARKUP.sub(" ", text).split()
+    if max_words is not None:
+        words = words[:max_words]
+    return _IDENTIFIER_LIKE.sub(r"(\1)", " ".join(words))
+
+
+def passage_text(doc: Document) -> str:
+    """Document text as RankGPT shows it (``Title: ... Content: ...`` when there is a title)."""
+    return f"Title: {doc.title} Content: {doc.text}" if doc.title else doc.text
+
+
+def render(
+    template: PromptTemplate,
+    query: str,
+    passages: Sequence[str],
+    ids: Sequence[str],
+) -> Messages:
+    """The chat messages for one window. ``passages`` are already cleaned.
+
+    >>> msgs = render(RANK_ZEPHYR, "q", ["a", "b"], ["[1]", "[2]"])
+    >>> [role for role, _ in msgs], "[2] b" in msgs[1][1]
+    (['system', 'user'], True)
+    """
+    fields = {"num": len(passages), "query": query}
+    body = "".join(template.passage.format(label=i, text=t, **fields) for i, t in zip(ids, passages))
+    user = template.head.format(**fields) + body + template.tail.format(**fields)
+    messages: list[tuple[str, str]] = []
+    if template.system:
+        messages.append(("system", template.system.format(**fields)))
+    messages.append(("user", user))
+    return tuple(messages)

@@ -1,0 +1,136 @@
+"""The data model: small frozen dataclasses, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Document", "Step", "Usage", "Ranking", "Capabilities", "as_document"]
+
+
+@dataclass(frozen=True)
+class Document:
+    """A passage to rerank. ``id`` and ``metadata`` are carried through untouched."""
+
+    text: str
+    id: str | None = None
+    title: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def as_document(item: object) -> Document:
+    """Accept ``str``, :class:`Document`, a dict with ``text``/``content``/``page_content``, or an
+    object with one of those attributes (LangChain ``Document``, rank_llm candidates).
+
+    >>> as_document("a passage").text
+    'a passage'
+    >>> as_document({"text": "t", "title": "T", "docid": "7"})
+    Document(text='t', id='7', title='T', metadata={})
+    """
+    if isinstance(item, Document):
+        return item
+    if isinstance(item, str):
+        return Document(item)
+    if isinstance(item, Mapping):
+        for key in ("text", "contents", "content", "page_content", "body", "passage", "segment"):
+            if isinstance(item.get(key), str):
+                doc_id = item.get("docid", item.get("id"))
+                return Document(item[key], None if doc_id is None else str(doc_id), item.get("title"))
+        raise TypeError(f"mapping has no text field (looked for text/content/page_content/...): keys {sorted(item)}")
+    for attr in ("text", "page_content", "content"):
+        value = getattr(item, attr, None)
+        if isinstance(value, str):
+            return Document(value)
+    raise TypeError(f"cannot read passage text from {type(item).__name__}; pass str, Document or a dict with 'text'")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decoding step of one window, for tracing and for the eval.
+
+    ``candidates`` are input indices (0-based, into the whole list) still in play; ``p`` is the real
+    stream's distribution over them, ``q`` the empty stream's (``None`` for vanilla), ``scores`` the
+    calibrated scores (equal to ``p`` for vanilla), ``chosen`` the input index picked.
+    """
+
+    candidates: tuple[int, ...]
+    p: tuple[float, ...]
+    q: tuple[float, ...] | None
+    scores: tuple[float, ...]
+    alpha: float
+    entropy: float
+    chosen: int
+    window: int = 0
+    upper_bounds: int = 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a reranking cost: HTTP requests and the tokens the server reported."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.requests + other.requests,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cached_tokens + other.cached_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The result of one reranking.
+
+    ``order``: input indices, best first; always a permutation of ``range(n)``.
+    ``scores``: one per *input* passage, higher is more relevant, strictly consistent with
+    ``order`` (``scores[order[0]] > scores[order[1]] > ...``). For the listwise methods the
+    score of the passage chosen at rank ``r`` out of ``n`` is ``(n - r - 1 + c) / n``, where ``c`` is
+    its calibrated share at the step it was chosen (0..1); for ``first-token`` it is the calibrated
+    first-step score itself.
+    ``prior``: the empty-prompt distribution over identifiers at the first step of the first
+    window (``None`` if no empty stream ran). ``steps``: every decoding step (see :class:`Step`).
+    ``upper_bounds``: how many label probabilities were upper bounds because the endpoint's top-k
+    did not contain a needed token (never silently zero). ``notes``: anything else worth knowing.
+    """
+
+    order: tuple[int, ...]
+    scores: tuple[float, ...]
+    method: str = "capcal"
+    prior: tuple[float, ...] | None = None
+    steps: tuple[Step, ...] = ()
+    usage: Usage = Usage()
+    upper_bounds: int = 0
+    notes: tuple[str, ...] = ()
+
+    def top(self, k: int | None = None) -> tuple[int, ...]:
+        """The first ``k`` input indices of :attr:`order` (all when ``k`` is None)."""
+        return self.order if k is None else self.order[:k]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an endpoint can do, probed once per (endpoint, model) and cached.
+
+    ``transport`` is the cheapest exact way found to read next-token log-probabilities after an
+    arbitrary assistant prefix: ``"completions"`` (templated prompt + prompt lists, llama.cpp),
+    ``"chat"`` (chat completions continuing a prefilled assistant turn), or ``""`` when the endpoint
+    cannot continue a prefix (only the ``first-token`` method works there).
+    """
+
+    model: str
+    logprobs: bool
+    max_top_logprobs: int
+    transport: str
+    chat_extra: Mapping[str, Any] = field(default_factory=dict)
+    tokenize: str = ""  # "llamacpp" | "vllm" | ""
+    template: bool = False  # /apply-template available
+    prompt_lists: bool = False
+    logprob_token_ids: bool = False
+    context: int | None = None
+    server: str = ""

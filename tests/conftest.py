@@ -1,0 +1,46 @@
+"""Shared fixtures: a real local LLM server for end-to-end tests, and a hermetic environment.
+
+``CAPCAL_TEST_BASE_URL`` points the e2e tests at an already running server instead of starting one;
+``CAPCAL_TEST_MODEL`` picks the model the embedded server loads ("0.5b", "1.5b" or "smollm2");
+``CAPCAL_TEST_MODEL_ALIAS`` is the model name to send when using an external server (default "local").
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: needs the real local LLM server (the server_url fixture)")
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """Base URL (``http://127.0.0.1:PORT/v1``) of a real OpenAI-compatible server, started once per session."""
+    external = os.environ.get("CAPCAL_TEST_BASE_URL")
+    if external:
+        yield external.rstrip("/")
+        return
+    from capcal_integrations.server import EmbeddedServer
+
+    server = EmbeddedServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"))
+    server.start()
+    try:
+        yield server.base_url
+    finally:
+        server.stop()  # SIGTERM to the child's process group by PID, SIGKILL after 10 s
+
+
+@pytest.fixture(scope="session")
+def test_model() -> str:
+    """The model name the test server answers to."""
+    return os.environ.get("CAPCAL_TEST_MODEL_ALIAS", "local")
+
+
+@pytest.fixture(autouse=True)
+def hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the developer's endpoint settings out of every test."""
+    for name in ("CAPCAL_BASE_URL", "CAPCAL_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
