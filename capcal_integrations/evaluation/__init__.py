@@ -1,0 +1,1 @@
+"""``capcal eval``: rerank a benchmark with several methods; report quality, position bias and cost."""

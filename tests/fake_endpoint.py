@@ -1,0 +1,103 @@
+"""A fake llama.cpp-style endpoint for unit tests of parsing, error paths and invariants.
+
+It is an ``httpx2.MockTransport`` handler: a tiny tokenizer (``[``, `` [``, ``]``, digits, letters),
+``/apply-template``, and ``/v1/completions`` / ``/v1/chat/completions`` whose next-token
+distributions are pseudo-random but deterministic in the prompt. It never stands in for the real
+end-to-end tests (tests/test_e2e.py), which run against llama.cpp's server and a real model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Callable
+
+import httpx2
+import openai
+
+VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, "x": 87}
+VOCAB.update({str(d): 15 + d for d in range(10)})
+VOCAB.update({chr(65 + i): 100 + i for i in range(26)})
+PIECE = {v: k for k, v in VOCAB.items()}
+
+
+def tokenize(text: str) -> list[tuple[int, str]]:
+    out, i = [], 0
+    while i < len(text):
+        piece = text[i:i + 2] if text[i:i + 2] in VOCAB else text[i]
+        out.append((VOCAB.get(piece, VOCAB["x"]), piece))
+        i += len(piece)
+    return out
+
+
+def distribution(prompt: str) -> list[tuple[int, float]]:
+    """Deterministic pseudo-random next-token log-probabilities over the whole fake vocabulary."""
+    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    weights = {tid: rng.random() ** 3 + 1e-4 for tid in PIECE}
+    total = sum(weights.values())
+    return sorted(((tid, math.log(w / total)) for tid, w in weights.items()), key=lambda e: -e[1])
+
+
+def content_logprobs(prompt: str, top: int) -> dict:
+    dist = distribution(prompt)[:top]
+    entries = [{"id": t, "token": PIECE[t], "bytes": list(PIECE[t].encode()), "logprob": lp} for t, lp in dist]
+    return {"content": [{**entries[0], "top_logprobs": entries}]}
+
+
+def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | None = None,
+                 legacy: bool = False, context: int = 4096, calls: list | None = None):
+    """``fault(request)`` may return a response to send instead (e.g. a 500) or None to proceed."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if calls is not None:
+            calls.append(request)
+        if fault is not None:
+            forced = fault(request)
+            if forced is not None:
+                return forced
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        if path == "/v1/models":
+            return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "llamacpp"}]})
+        if path == "/props":
+            return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}})
+        if path == "/tokenize":
+            return httpx2.Response(200, json={"tokens": [{"id": t, "piece": p} for t, p in tokenize(body["content"])]})
+        if path == "/apply-template":
+            text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
+            return httpx2.Response(200, json={"prompt": text})
+        if path == "/v1/completions":
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            choices = []
+            for i, prompt in enumerate(prompts):
+                lp = content_logprobs(prompt, body.get("logprobs") or 1)
+                if legacy:
+                    top = lp["content"][0]["top_logprobs"]
+                    lp = {"tokens": [top[0]["token"]], "top_logprobs": [{e["token"]: e["logprob"] for e in top}]}
+                choices.append({"index": i, "text": "", "logprobs": lp})
+            return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+        if path == "/v1/chat/completions":
+            prompt = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"])
+            if body["messages"][-1]["content"].startswith("A B C"):  # the prefill probe: continue the alphabet
+                lp = {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
+                                   "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
+            else:
+                lp = content_logprobs(prompt, body.get("top_logprobs") or 1)
+            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})
+        return httpx2.Response(404, json={"error": "not found"})
+
+    return handler
+
+
+def clients(handler, *, max_retries: int = 0) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
+    """A sync and an async openai client whose transport is ``handler``."""
+
+    async def ahandler(request: httpx2.Request) -> httpx2.Response:
+        await request.aread()
+        return handler(request)
+
+    kw = dict(base_url="http://fake.test/v1", api_key="x", max_retries=max_retries)
+    return (openai.OpenAI(http_client=httpx2.Client(transport=httpx2.MockTransport(handler)), **kw),
+            openai.AsyncOpenAI(http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(ahandler)), **kw))
