@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model", default="0.5b", help="0.5b (default), 1.5b or smollm2")
-    p.add_argument("--n-parallel", type=int, default=4, help="server slots (real and empty prompts keep one each)")
+    p.add_argument("--n-parallel", type=int, default=8, help="server slots (real and empty prompts keep one each)")
 
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
     p.add_argument("--query", help="the query (with --passages)")

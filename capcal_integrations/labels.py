@@ -68,10 +68,10 @@ def label_trie(labels: Sequence[Path]) -> dict[Path, list[Token]]:
 
 def label_logprobs(
     caps, contexts: Sequence[tuple[Messages, str]], labels: Sequence[Path], *, form: str = "joint",
-    top: int = 20, templates: dict | None = None,
+    top: int = 20, cache: dict | None = None,
 ) -> Flow[list[LabelScores]]:
     """Log-probability of every label after each ``(messages, assistant_prefix)`` context."""
-    templates = {} if templates is None else templates
+    cache = {} if cache is None else cache
     children = label_trie(labels)
     start: Path = ()
     while len(children.get(start, ())) == 1:  # common to every label: cancels, never asked
@@ -83,7 +83,7 @@ def label_logprobs(
         asked = [n for n in frontier if n in children and (form == "joint" or len(children[n]) > 1)]
         queries = [Query(m, prefix + "".join(p for _, p in node), tuple(children[node]))
                    for m, prefix in contexts for node in asked]
-        found = yield from _ask(caps, queries, top, templates)
+        found = yield from _ask(caps, queries, top, cache)
         for c in range(len(contexts)):
             for a, node in enumerate(asked):
                 got, floor = found[c * len(asked) + a]
@@ -102,14 +102,14 @@ def label_logprobs(
     return [LabelScores(tuple(s[label] for label in labels), b) for s, b in zip(score, bounds)]
 
 
-def _ask(caps, queries: list[Query], top: int, templates: dict) -> Flow[list]:
+def _ask(caps, queries: list[Query], top: int, cache: dict) -> Flow[list]:
     """Ask once at ``top``; re-ask those missing a wanted token at the endpoint's largest top-k."""
     if not queries:
         return []
-    found = yield from next_token_logprobs(caps, queries, min(top, caps.max_top_logprobs), templates)
+    found = yield from next_token_logprobs(caps, queries, min(top, caps.max_top_logprobs), cache)
     retry = [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
     if retry and caps.max_top_logprobs > top:
-        again = yield from next_token_logprobs(caps, [queries[i] for i in retry], caps.max_top_logprobs, templates)
+        again = yield from next_token_logprobs(caps, [queries[i] for i in retry], caps.max_top_logprobs, cache)
         for i, answer in zip(retry, again):
             found[i] = answer
     return found

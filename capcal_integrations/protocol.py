@@ -104,6 +104,16 @@ def probe(model: str | None = None, context: int | None = None) -> Flow[Capabili
             if isinstance(err, EndpointError) and not _unsupported(err):
                 raise
 
+    slots = 0
+    if server == "llama.cpp":
+        try:
+            [props] = yield [Call("GET", "/props", root=True)]
+            slots = int(props.get("total_slots") or 0)
+            if context is None:
+                context = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0) or None
+        except EndpointError as err:
+            if not _unsupported(err):
+                raise
     if context is None:
         context = yield from _probe_context(listing)
 
@@ -129,7 +139,7 @@ def probe(model: str | None = None, context: int | None = None) -> Flow[Capabili
     caps = Capabilities(
         model=model, logprobs=logprobs, max_top_logprobs=1000 if server == "llama.cpp" else cap, transport=transport,
         chat_extra=extra, tokenize=tokenize, template=template, prompt_lists=prompt_lists, context=context,
-        server=server)
+        server=server, slots=slots)
     log.info("probed endpoint: %s", caps)
     return caps
 
@@ -243,22 +253,36 @@ def _match(entries: list[tuple[int | None, str, float]], want: Sequence[tuple[in
 
 
 def next_token_logprobs(
-    caps: Capabilities, queries: Sequence[Query], top: int, templates: dict[Messages, str]
+    caps: Capabilities, queries: Sequence[Query], top: int, cache: dict[str, dict]
 ) -> Flow[list[tuple[TokenLogprobs, float]]]:
     """For each query: the wanted tokens found in the top-``top`` and the smallest logprob returned
-    (an upper bound for any token not returned). ``templates`` caches rendered chat prompts."""
+    (an upper bound for any token not returned). ``cache`` keeps rendered chat templates and the
+    llama.cpp slot each prompt is pinned to, across steps and calls."""
     if caps.transport == "completions":
+        templates = cache.setdefault("templates", {})
         missing = sorted({q.messages for q in queries if q.messages not in templates})
         if missing:
             answers = yield [Call("POST", "/apply-template", {"messages": chat_messages(m)}, root=True) for m in missing]
             for m, a in zip(missing, answers):
                 templates[m] = _prompt_of(a)
-        body = {"model": caps.model, "prompt": [templates[q.messages] + q.prefix for q in queries],
-                "max_tokens": 1, "logprobs": top, "temperature": 0}
-        [answer] = yield [Call("POST", "completions", body)]
-        choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(choices) != len(queries):
-            raise ResponseError(f"asked for {len(queries)} completions, got {len(choices)}", body=answer)
+        groups: dict[Messages, list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q.messages, []).append(i)
+        calls = []
+        for messages, members in groups.items():
+            body = {"model": caps.model, "prompt": [templates[messages] + queries[i].prefix for i in members],
+                    "max_tokens": 1, "logprobs": top, "temperature": 0}
+            if caps.slots > 1:
+                body["id_slot"] = _slot(cache, messages, caps.slots)
+            calls.append(Call("POST", "completions", body))
+        answers = yield calls
+        choices: list[Any] = [None] * len(queries)
+        for members, answer in zip(groups.values(), answers):
+            got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
+            if len(got) != len(members):
+                raise ResponseError(f"asked for {len(members)} completions, got {len(got)}", body=answer)
+            for i, choice in zip(members, got):
+                choices[i] = choice
     elif caps.transport == "chat":
         answers = yield [Call("POST", "chat/completions", {
             "model": caps.model, "messages": chat_messages(q.messages, q.prefix), "max_tokens": 1,
@@ -266,9 +290,9 @@ def next_token_logprobs(
         choices = [(a.get("choices") or [None])[0] for a in answers]
     else:
         raise CapabilityError(
-            "the endpoint cannot continue a prefilled assistant message, so it cannot score identifiers "
-            "step by step (listwise methods need this; OpenAI's API lacks it)", missing="assistant prefill",
-            alternatives=("first-token",))
+            "the endpoint cannot continue a prefilled assistant message (and has no templated prompt lists), "
+            "so identifier probabilities after a ranking prefix cannot be read; every method here needs that. "
+            "OpenAI's API lacks it; llama.cpp's server and vLLM have it", missing="assistant prefill")
     out = []
     for q, choice in zip(queries, choices):
         entries = _top_entries(choice)
@@ -276,6 +300,22 @@ def next_token_logprobs(
             raise ResponseError("the answer carries no top log-probabilities", body=choice)
         out.append(_match(entries, q.want))
     return out
+
+
+def _slot(cache: dict[str, dict], messages: Messages, slots: int) -> int:
+    """Pin each prompt to a llama.cpp slot, round robin in order of first use.
+
+    A list of prompts is otherwise spread over idle slots, and every slot that does not hold the
+    shared prefix recomputes the whole prompt; pinned, the prompts run one after another in one slot
+    and each costs only its last few tokens. The real and the empty prompt get different slots.
+    """
+    assigned = cache.setdefault("slots", {})
+    if messages not in assigned:
+        if len(assigned) > 4096:
+            assigned.clear()
+        assigned[messages] = cache.setdefault("slot_counter", {"next": 0})["next"] % slots
+        cache["slot_counter"]["next"] += 1
+    return assigned[messages]
 
 
 def _prompt_of(answer: Any) -> str:

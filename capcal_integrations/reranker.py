@@ -49,9 +49,10 @@ class _Shared:
     def __init__(self, client: Any, async_client: Any, model: str | None) -> None:
         self.client, self.async_client, self.model = client, async_client, model
         self.caps: Capabilities | None = None
-        self.cache: dict[str, dict] = {"labels": {}, "templates": {}}
+        self.cache: dict[str, dict] = {"labels": {}, "templates": {}, "slots": {}}
         self.lock = threading.Lock()
         self.limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.loop_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class CapCalReranker:
@@ -121,7 +122,6 @@ class CapCalReranker:
             url = resolve_base_url(base_url)
             key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
             client = openai.OpenAI(base_url=url, api_key=key, timeout=timeout, max_retries=max_retries)
-            async_client = openai.AsyncOpenAI(base_url=url, api_key=key, timeout=timeout, max_retries=max_retries)
         self._shared = _Shared(client, async_client, model or os.environ.get("CAPCAL_MODEL"))
 
     # ------------------------------------------------------------------ configuration
@@ -161,12 +161,18 @@ class CapCalReranker:
 
     @property
     def async_client(self) -> openai.AsyncOpenAI:
+        """The async client: the one given, else one per running event loop (an httpx pool cannot
+        outlive the loop it was made in, and scripts often call ``asyncio.run`` more than once)."""
         shared = self._shared
-        if shared.async_client is None:
+        if shared.async_client is not None:
+            return shared.async_client
+        loop = asyncio.get_running_loop()
+        made = shared.loop_clients.get(loop)
+        if made is None:
             c = shared.client
-            shared.async_client = openai.AsyncOpenAI(base_url=str(c.base_url), api_key=c.api_key, timeout=c.timeout,
-                                                     max_retries=c.max_retries)
-        return shared.async_client
+            made = shared.loop_clients[loop] = openai.AsyncOpenAI(
+                base_url=str(c.base_url), api_key=c.api_key, timeout=c.timeout, max_retries=c.max_retries)
+        return made
 
     def capabilities(self) -> Capabilities:
         """Probe the endpoint once (about six small requests) and cache what it can do."""
@@ -241,4 +247,5 @@ class CapCalReranker:
                            concurrency: int | None = None) -> list[Ranking]:
         """Async :meth:`rerank_many`: all queries' requests share one limit of ``concurrency`` in flight."""
         limit = self._limit() if concurrency is None else asyncio.Semaphore(concurrency)
+        await self.acapabilities()  # probe once, not once per query
         return list(await asyncio.gather(*(self._arerank(q, p, limit) for q, p in items)))

@@ -165,7 +165,7 @@ def _url(host: str, port: int | None) -> str:
 
 
 def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_ctx_per_slot: int = 4096,
-          n_parallel: int = 4, threads: int | None = None, alias: str = "local") -> None:
+          n_parallel: int = 8, threads: int | None = None, alias: str = "local", cache_ram_mib: int = 1024) -> None:
     """Serve ``model`` at http://host:port/v1 in this process until SIGINT/SIGTERM. Call from the main thread."""
     import xllamacpp as xlc  # heavy native module: import lazily
 
@@ -177,6 +177,8 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
     p.n_parallel = n_parallel  # the reranker keeps a "real" and an "empty" prompt cached in separate slots
     p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads or os.cpu_count() or 1
     p.model_alias = [alias]  # must be a list: a plain str is split into characters
+    # llama.cpp keeps old prompts' KV in host RAM (8 GiB by default); a reranker revisits few of them
+    p.cache_ram_mib = cache_ram_mib
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -225,7 +227,7 @@ class EmbeddedServer:
     """``python -m capcal_integrations.server`` as a child process (own process group); a context manager."""
 
     def __init__(self, model: str = "0.5b", host: str = "127.0.0.1", port: int | None = None,
-                 startup_timeout: float = 120, *, n_parallel: int = 4, ctx_per_slot: int = 4096,
+                 startup_timeout: float = 120, *, n_parallel: int = 8, ctx_per_slot: int = 4096,
                  threads: int | None = None, alias: str = "local") -> None:
         _spec(model)
         self.model, self.host, self.port, self.startup_timeout, self.alias = model, host, port, startup_timeout, alias
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="; ".join(f"{k}: {v.description}" for k, v in MODELS.items()))
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--n-parallel", type=int, default=4, help="server slots (default 4)")
+    ap.add_argument("--n-parallel", type=int, default=8, help="server slots (default 8)")
     ap.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot (default 4096)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--alias", default="local", help='model name shown by /v1/models (default "local")')

@@ -167,7 +167,7 @@ def _rank_window(caps: Capabilities, opts: Options, query: str, texts: list[str]
         paths = [cache["labels"][(" " if chosen_labels else "") + ids[i]] for i in remaining]
         contexts = [(real, prefix)] + ([(empty, prefix)] if empty else [])
         scored = yield from label_logprobs(caps, contexts, paths, form=opts.probability, top=opts.top_logprobs,
-                                           templates=cache["templates"])
+                                           cache=cache)
         p = normalise_logprobs(scored[0].logprobs)
         q = normalise_logprobs(scored[1].logprobs) if empty else None
         alpha = 0.0

@@ -134,3 +134,4 @@ class Capabilities:
     logprob_token_ids: bool = False
     context: int | None = None
     server: str = ""
+    slots: int = 0  # llama.cpp server slots (prompts are pinned to one each)

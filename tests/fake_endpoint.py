@@ -47,7 +47,7 @@ def content_logprobs(prompt: str, top: int) -> dict:
 
 
 def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | None = None,
-                 legacy: bool = False, context: int = 4096, calls: list | None = None):
+                 legacy: bool = False, context: int = 4096, slots: int = 0, calls: list | None = None):
     """``fault(request)`` may return a response to send instead (e.g. a 500) or None to proceed."""
 
     def handler(request: httpx2.Request) -> httpx2.Response:
@@ -62,7 +62,7 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
         if path == "/v1/models":
             return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "llamacpp"}]})
         if path == "/props":
-            return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}})
+            return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}, "total_slots": slots})
         if path == "/tokenize":
             return httpx2.Response(200, json={"tokens": [{"id": t, "piece": p} for t, p in tokenize(body["content"])]})
         if path == "/apply-template":

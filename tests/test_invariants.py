@@ -161,3 +161,18 @@ def test_env_fallbacks(monkeypatch):
     monkeypatch.setenv("CAPCAL_MODEL", "m")
     rr = CapCalReranker()
     assert str(rr.client.base_url).startswith("http://127.0.0.1:7/v1") and rr.model == "m"
+
+
+def test_llamacpp_prompts_are_pinned_to_one_slot_each():
+    calls = []
+    rr = reranker(make_handler(calls=calls, slots=4))
+    rr.rerank("q", [f"p{i}" for i in range(6)])
+    slot_of = {}
+    for c in calls:
+        body = json.loads(c.content or b"{}")
+        if c.url.path == "/v1/completions" and isinstance(body.get("prompt"), list) and "id_slot" in body:
+            stream = "empty" if "placeholder passage" in body["prompt"][0] else "real"
+            slot_of.setdefault(stream, set()).add(body["id_slot"])
+    assert set(slot_of) == {"real", "empty"}
+    assert all(len(s) == 1 for s in slot_of.values())  # each stream stays in its slot across steps
+    assert slot_of["real"] != slot_of["empty"]
