@@ -1,0 +1,75 @@
+"""The ``capcal`` command, run as a user would (a subprocess) against the real local server."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from capcal_integrations.cli import build_parser, main
+
+
+def capcal(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "capcal_integrations.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_parser_knows_every_subcommand():
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).port == 8080
+    args = parser.parse_args(["rerank", "--query", "q", "--passages", "f", "--method", "vanilla", "--alpha", "1.0"])
+    assert (args.method, args.alpha) == ("vanilla", "1.0")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["rerank", "--method", "nonsense"])
+
+
+def test_rerank_needs_input(capsys):
+    with pytest.raises(SystemExit, match="--query and --passages"):
+        main(["rerank", "--base-url", "http://127.0.0.1:9/v1"])
+
+
+@pytest.mark.e2e
+def test_rerank_passages_file_to_jsonl(server_url, tmp_path):
+    passages = tmp_path / "passages.txt"
+    passages.write_text("The Eiffel Tower is in Paris.\nFleas live two to three months.\nBananas are yellow.\n")
+    done = capcal("rerank", "--base-url", server_url, "--query", "how long do fleas live", "--passages",
+                  str(passages), "--top-n", "2", "--method", "first-token-capcal")
+    assert done.returncode == 0, done.stderr
+    [record] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(record["order"]) == [0, 1, 2]
+    assert len(record["ranked"]) == 2 and record["ranked"][0]["index"] == record["order"][0]
+    assert record["ranked"][0]["passage"] in passages.read_text()
+
+
+@pytest.mark.e2e
+def test_rerank_jsonl_requests(server_url, tmp_path):
+    requests = tmp_path / "in.jsonl"
+    rows = [{"qid": "a", "query": "capital of France", "passages": ["Paris is the capital.", "Rome is in Italy."]},
+            {"qid": "b", "query": "fleas", "candidates": [{"text": "Fleas bite."}, {"text": "Cats purr."}, {"text": "x"}]}]
+    requests.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "out.jsonl"
+    done = capcal("rerank", "--base-url", server_url, "--input", str(requests), "--output", str(out),
+                  "--method", "first-token")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["qid"] for r in records] == ["a", "b"]
+    assert [sorted(r["order"]) for r in records] == [[0, 1], [0, 1, 2]]
+
+
+@pytest.mark.e2e
+def test_demo_shows_vanilla_capcal_and_the_prior(server_url):
+    done = capcal("demo", "--base-url", server_url)
+    assert done.returncode == 0, done.stderr
+    assert "Empty-prompt prior" in done.stdout and "[10]" in done.stdout
+    assert "vanilla: most relevant passage at rank" in done.stdout
+    assert "capcal: most relevant passage at rank" in done.stdout
+
+
+def test_unreachable_endpoint_is_a_clean_error(tmp_path):
+    passages = tmp_path / "p.txt"
+    passages.write_text("a\nb\n")
+    done = capcal("rerank", "--base-url", "http://127.0.0.1:9/v1", "--query", "q", "--passages", str(passages),
+                  timeout=120)
+    assert done.returncode == 1
+    assert "capcal: error:" in done.stderr and "cannot reach" in done.stderr
+    assert "Traceback" not in done.stderr
