@@ -70,6 +70,15 @@ RANK_GPT = PromptTemplate(
 
 TEMPLATES = {t.name: t for t in (RANK_ZEPHYR, RANK_GPT)}
 
+
+def resolve_template(template: PromptTemplate | str) -> PromptTemplate:
+    """A template object, or one of :data:`TEMPLATES` by name."""
+    if isinstance(template, PromptTemplate):
+        return template
+    if template not in TEMPLATES:
+        raise InputError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)} or pass a PromptTemplate")
+    return TEMPLATES[template]
+
 _IDENTIFIER_LIKE = re.compile(r"\[(\d{1,3}|[A-Za-z])\]")
 _CHAT_MARKUP = re.compile(r"<\|[^|<>]{0,40}\|>|</?s>")
 

@@ -9,14 +9,14 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import openai
 
 from .drivers import run_async, run_sync
 from .errors import InputError
-from .prompts import TEMPLATES, PromptTemplate
+from .prompts import PromptTemplate, resolve_template
 from .protocol import probe
 from .strategies import Options, rerank_flow
 from .types import Capabilities, Ranking, as_document
@@ -105,10 +105,7 @@ class CapCalReranker:
         top_logprobs: int = 20,
         concurrency: int = 8,
     ) -> None:
-        if isinstance(template, str):
-            if template not in TEMPLATES:
-                raise InputError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)}")
-            template = TEMPLATES[template]
+        template = resolve_template(template)
         options = dict(method=method, alpha=alpha, calibration=calibration, template=template, label_style=labels,
                        probability=probability, window=window, stride=stride, m=m, seed=seed,
                        max_passage_words=max_passage_words, max_context=max_context, top_logprobs=top_logprobs)
@@ -135,9 +132,12 @@ class CapCalReranker:
         clone.__dict__.update(self.__dict__)
         if "labels" in changes:
             changes["label_style"] = changes.pop("labels")
-        if isinstance(changes.get("template"), str):
-            changes["template"] = TEMPLATES[changes["template"]]
+        if "template" in changes:
+            changes["template"] = resolve_template(changes["template"])
         clone.concurrency = changes.pop("concurrency", self.concurrency)
+        unknown = set(changes) - {f.name for f in fields(Options)}
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}")
         clone.options = replace(self.options, **changes)
         return clone
 
@@ -198,17 +198,26 @@ class CapCalReranker:
 
     # ------------------------------------------------------------------ reranking
 
-    def _flow(self, caps: Capabilities, query: str, passages: Sequence[Any]):
+    @staticmethod
+    def _validated(query: str, passages: Sequence[Any]) -> tuple[str, list]:
+        """Check the input before any request is made."""
         if not isinstance(query, str) or not query.strip():
             raise InputError("query must be a non-empty string")
-        docs = [as_document(p) for p in passages]
-        return rerank_flow(caps, self.options, query.strip(), docs, self._shared.cache)
+        try:
+            return query.strip(), [as_document(p) for p in passages]
+        except TypeError as err:
+            raise InputError(str(err)) from err
+
+    def _flow(self, caps: Capabilities, query: str, passages: Sequence[Any]):
+        query, docs = self._validated(query, passages)
+        return rerank_flow(caps, self.options, query, docs, self._shared.cache)
 
     def rerank(self, query: str, passages: Sequence[Any]) -> Ranking:
         """Rank ``passages`` (``str``, :class:`~.types.Document`, dicts with ``text`` or objects with
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
         permutation of ``range(len(passages))``."""
         passages = list(passages)
+        self._validated(query, passages)
         if len(passages) <= 1:
             return self._flow_result_trivial(query, passages)
         caps = self.capabilities()
@@ -221,6 +230,7 @@ class CapCalReranker:
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
         passages = list(passages)
+        self._validated(query, passages)
         if len(passages) <= 1:
             return self._flow_result_trivial(query, passages)
         caps = await self.acapabilities()

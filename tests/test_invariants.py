@@ -176,3 +176,17 @@ def test_llamacpp_prompts_are_pinned_to_one_slot_each():
     assert set(slot_of) == {"real", "empty"}
     assert all(len(s) == 1 for s in slot_of.values())  # each stream stays in its slot across steps
     assert slot_of["real"] != slot_of["empty"]
+
+
+def test_bad_input_is_rejected_before_any_request():
+    calls = []
+    rr = reranker(make_handler(calls=calls))
+    with pytest.raises(InputError):
+        rr.rerank("  ", ["a", "b"])
+    with pytest.raises(InputError):
+        rr.rerank("q", ["a", 42])
+    with pytest.raises(InputError):
+        rr.with_options(template="bogus")
+    with pytest.raises(InputError):
+        rr.with_options(bogus=1)
+    assert calls == []

@@ -1,0 +1,209 @@
+"""``CapCalRerank``: a LlamaIndex node postprocessor that reranks with CapCal.
+
+    from llamaindex_ext import CapCalRerank
+    rerank = CapCalRerank(top_n=5, base_url="http://127.0.0.1:8080/v1")   # or reranker=CapCalReranker(...)
+    engine = index.as_query_engine(similarity_top_k=20, node_postprocessors=[rerank])
+
+It returns **new** ``NodeWithScore`` objects, best first, whose ``score`` is the calibrated relevance
+(:attr:`capcal_integrations.Ranking.scores`). Each carries a deep copy of its node (the caller's
+nodes are never touched) with two metadata entries, both hidden from the LLM and embedding text:
+
+* ``"retrieval_score"`` (:data:`RETRIEVAL_SCORE_KEY`): the score the node came in with (``None`` if none);
+* ``"capcal"`` (:data:`DETAILS_KEY`): how the node was placed: ``rank`` and ``input_rank`` (1-based),
+  ``method``, and from the last decoding step it took part in the real-prompt probability ``p``,
+  the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts label
+  probabilities of the whole ranking that were upper bounds (endpoint top-k too small).
+
+The whole :class:`~capcal_integrations.Ranking` of the latest call (prior, every step, usage) is
+:attr:`CapCalRerank.last_ranking`. Events: ``ReRankStartEvent`` / ``ReRankEndEvent`` through the
+instrumentation dispatcher and a ``CBEventType.RERANKING`` callback event, as LlamaIndex's rerankers do.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+try:
+    from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+    from llama_index.core.callbacks import CBEventType, EventPayload
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+except ImportError as err:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        'llamaindex_ext needs LlamaIndex: pip install "capcal-integrations[llamaindex]"'
+    ) from err
+
+from capcal_integrations import CapCalReranker, Ranking
+from capcal_integrations.prompts import TEMPLATES, PromptTemplate
+
+__all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY", "passage_details"]
+
+RETRIEVAL_SCORE_KEY = "retrieval_score"
+DETAILS_KEY = "capcal"
+_OPTIONS = ("method", "alpha", "calibration", "placeholder", "template", "labels", "probability", "window", "stride",
+            "m", "seed", "max_passage_words", "max_context", "top_logprobs", "concurrency")
+_CONNECTION = ("base_url", "model", "timeout", "max_retries")
+
+dispatcher = get_dispatcher(__name__)
+
+
+class CapCalRerank(BaseNodePostprocessor):
+    """Rerank retrieved nodes with an LLM listwise reranker calibrated against position bias.
+
+    Pass either ``reranker=CapCalReranker(...)`` (its clients and caches are shared) or the
+    connection settings (``base_url``, ``model``, ``api_key``, ``client``, ``async_client``, ...).
+    Ranking options left ``None`` take the core's defaults and are then filled in with the values in
+    force; changing one later (``rerank.method = "vanilla"``) applies from the next call.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")  # a misspelt option is an error
+
+    top_n: int | None = Field(5, ge=1, description="Nodes to return, best first; None returns all, reordered.")
+    metadata_mode: MetadataMode = Field(MetadataMode.EMBED, description="Which metadata the passage text includes.")
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint (init only); default $CAPCAL_BASE_URL, then $OPENAI_BASE_URL.")
+    model: str | None = Field(None, description="Served model name (init only); default: the first served.")
+    timeout: float | None = Field(None, description="Request timeout in seconds (init only).")
+    max_retries: int | None = Field(None, description="Retries on 408/409/429/5xx (init only).")
+    method: str | None = Field(None, description="capcal | vanilla | first-token | first-token-capcal | psc.")
+    alpha: float | str | None = Field(
+        None, description="'adaptive' (min(5 H / log|C|, 2)) or a fixed calibration strength.")
+    calibration: str | None = Field(None, description="'additive' (p - alpha (q - 1/|C|)) or 'log'.")
+    placeholder: str | None = Field(None, description="Passage body of the content-free prompt.")
+    template: str | PromptTemplate | None = Field(None, description="'rank_zephyr', 'rank_gpt' or a PromptTemplate.")
+    labels: str | None = Field(None, description="Identifiers: 'numeric' ([1]..) or 'alpha' ([A]..).")
+    probability: str | None = Field(None, description="'joint' (exact label probability) or 'trie' (cheaper).")
+    window: int | None = Field(None, description="Sliding window size for long lists.")
+    stride: int | None = Field(None, description="Sliding window stride.")
+    m: int | None = Field(None, description="Shuffles for method='psc'.")
+    seed: int | None = Field(None, description="Shuffle seed for method='psc'.")
+    max_passage_words: int | None = Field(None, description="Words kept per passage before the token budget.")
+    max_context: int | None = Field(None, description="Context size in tokens; default: what the server reports.")
+    top_logprobs: int | None = Field(None, description="Top-k log-probabilities asked per request.")
+    concurrency: int | None = Field(None, description="Requests in flight at once (async).")
+
+    _reranker: CapCalReranker = PrivateAttr()
+    _last_ranking: Ranking | None = PrivateAttr(default=None)
+
+    def __init__(self, *, reranker: CapCalReranker | None = None, api_key: str | None = None,
+                 client: Any = None, async_client: Any = None, **fields: Any) -> None:
+        super().__init__(**fields)
+        connection = {k: getattr(self, k) for k in _CONNECTION if getattr(self, k) is not None}
+        connection.update((k, v) for k, v in (("api_key", api_key), ("client", client),
+                                              ("async_client", async_client)) if v is not None)
+        if reranker is not None and connection:
+            raise ValueError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
+        options = {k: getattr(self, k) for k in _OPTIONS if getattr(self, k) is not None}
+        base = reranker or CapCalReranker(**connection)
+        self._reranker = base.with_options(**options) if options else base
+        self.model = self._reranker.model
+        for name, value in _options_in_force(self._reranker).items():  # so the config shows what runs
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CapCalRerank"
+
+    @property
+    def reranker(self) -> CapCalReranker:
+        """The core reranker with this postprocessor's current options."""
+        return self._reranker.with_options(**{k: getattr(self, k) for k in _OPTIONS})
+
+    @property
+    def last_ranking(self) -> Ranking | None:
+        """The full Ranking of the latest call on this instance (with concurrent queries, read each
+        node's ``metadata["capcal"]`` instead)."""
+        return self._last_ranking
+
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        query = _query_of(query_bundle)
+        if not nodes:
+            return []
+        reranker = self.reranker
+        with self._event(nodes, query_bundle, reranker) as event:
+            return self._finish(nodes, reranker.rerank(query, self._texts(nodes)), event)
+
+    @dispatcher.span
+    async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
+                                  query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        query = _query_of(query_bundle)
+        if not nodes:
+            return []
+        reranker = self.reranker
+        with self._event(nodes, query_bundle, reranker) as event:
+            return self._finish(nodes, await reranker.arerank(query, self._texts(nodes)), event)
+
+    def _texts(self, nodes: list[NodeWithScore]) -> list[str]:
+        return [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
+
+    def _event(self, nodes: list[NodeWithScore], query_bundle: QueryBundle, reranker: CapCalReranker) -> Any:
+        model_name = f"capcal-{reranker.method}:{reranker.model or 'default'}"
+        top_n = min(self.top_n or len(nodes), len(nodes))
+        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=top_n, model_name=model_name))
+        return self.callback_manager.event(CBEventType.RERANKING, payload={
+            EventPayload.NODES: nodes, EventPayload.MODEL_NAME: model_name,
+            EventPayload.QUERY_STR: query_bundle.query_str, EventPayload.TOP_K: top_n})
+
+    def _finish(self, nodes: list[NodeWithScore], ranking: Ranking, event: Any) -> list[NodeWithScore]:
+        self._last_ranking = ranking
+        details = passage_details(ranking)
+        new_nodes = [NodeWithScore(node=_annotated_copy(nodes[i], details[i]), score=ranking.scores[i])
+                     for i in ranking.top(self.top_n)]
+        event.on_end(payload={EventPayload.NODES: new_nodes})
+        dispatcher.event(ReRankEndEvent(nodes=new_nodes))
+        return new_nodes
+
+
+def _options_in_force(reranker: CapCalReranker) -> dict[str, Any]:
+    o = reranker.options
+    values = {k: getattr(o, k) for k in _OPTIONS if hasattr(o, k)}
+    values.update(labels=o.label_style, concurrency=reranker.concurrency,
+                  template=o.template.name if TEMPLATES.get(o.template.name) is o.template else o.template)
+    return values
+
+
+def _query_of(query_bundle: QueryBundle | None) -> str:
+    if query_bundle is None:
+        raise ValueError("CapCalRerank needs the query: call postprocess_nodes(nodes, query_str=...) "
+                         "or pass query_bundle=QueryBundle(...)")
+    return query_bundle.query_str
+
+
+def _annotated_copy(scored: NodeWithScore, details: dict[str, Any]) -> BaseNode:
+    """A deep copy of the node, so later postprocessors cannot reach the caller's objects through it.
+    ``IndexNode.obj`` (a live retriever or query engine) is shared, not copied."""
+    node = scored.node
+    keep = {id(node.__dict__["obj"]): node.__dict__["obj"]} if "obj" in node.__dict__ else {}
+    node = copy.deepcopy(node, keep)
+    node.metadata[RETRIEVAL_SCORE_KEY] = scored.score
+    node.metadata[DETAILS_KEY] = details
+    for hidden in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
+        hidden.extend(k for k in (RETRIEVAL_SCORE_KEY, DETAILS_KEY) if k not in hidden)
+    return node
+
+
+def passage_details(ranking: Ranking) -> list[dict[str, Any]]:
+    """Per input passage: its rank and the numbers of the last decoding step it took part in.
+
+    >>> from capcal_integrations import Ranking, Step
+    >>> r = Ranking((1, 0), (0.25, 0.9), steps=(Step((0, 1), (0.4, 0.6), (0.7, 0.3), (0.2, 0.8), 2.0, 0.67, 1),))
+    >>> passage_details(r)[1]
+    {'rank': 1, 'input_rank': 2, 'method': 'capcal', 'upper_bounds': 0, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
+    """
+    last = {i: (step, j) for step in ranking.steps for j, i in enumerate(step.candidates)}
+    rank = {i: r for r, i in enumerate(ranking.order)}
+    out = []
+    for i in range(len(ranking.order)):
+        d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": ranking.method,
+                             "upper_bounds": ranking.upper_bounds}
+        if i in last:
+            step, j = last[i]
+            d.update(p=round(step.p[j], 4), q=None if step.q is None else round(step.q[j], 4),
+                     score=round(step.scores[j], 4), alpha=round(step.alpha, 4))
+        out.append(d)
+    return out

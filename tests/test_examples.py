@@ -1,0 +1,46 @@
+"""The examples run as a user runs them (``python examples/NAME.py``), against the test server.
+
+They rerank 5 BM25 candidates to 3 here (their defaults, 20 to 5, take minutes on a 2-core CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+LISTED = re.compile(r"^\s+\d+\.\s+(\S+)\s", re.MULTILINE)
+WAS = re.compile(r"\(was\s+(\d+)\)")
+
+
+def test_example_corpus():
+    rows = [json.loads(line) for line in (EXAMPLES / "data" / "passages.jsonl").open(encoding="utf-8")]
+    assert len(rows) == 300 and all(set(r) == {"docid", "text"} and r["text"].strip() for r in rows)
+    assert len({r["docid"] for r in rows}) == len({r["text"] for r in rows}) == 300
+    assert (EXAMPLES / "data" / "passages.jsonl").stat().st_size < 300_000
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["llamaindex_query_engine.py", "langchain_retriever.py"])
+def test_example_prints_order_before_and_after(name, server_url, test_model):
+    env = {**os.environ, "CAPCAL_BASE_URL": server_url, "CAPCAL_MODEL": test_model,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, str(EXAMPLES / name), "--candidates", "5", "--top-n", "3", "--max-tokens", "16"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    assert "starting the embedded" not in out  # it used $CAPCAL_BASE_URL
+    head, _, tail = out.partition("\nafter:")
+    before, after = LISTED.findall(head), LISTED.findall(tail)
+    assert len(before) == 5 and len(after) == 3, out
+    assert len(set(after)) == 3 and set(after) <= set(before), out
+    was = [int(n) for n in WAS.findall(tail)]
+    assert [before[n - 1] for n in was] == after, out  # "(was N)" points at the passage's BM25 rank
+    answer = re.search(r"^answer: (.+)$", out, re.MULTILINE)
+    assert answer and answer.group(1).strip(), out
