@@ -16,14 +16,18 @@ import openai
 
 from .drivers import run_async, run_sync
 from .errors import InputError
-from .prompts import PromptTemplate, resolve_template
+from .prompts import TEMPLATES, PromptTemplate, resolve_template
 from .protocol import probe
 from .strategies import Options, rerank_flow
 from .types import Capabilities, Ranking, as_document
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CapCalReranker", "resolve_base_url"]
+__all__ = ["CapCalReranker", "resolve_base_url", "OPTION_NAMES"]
+
+#: The ranking options of :class:`CapCalReranker`, as its keyword arguments and :meth:`~CapCalReranker.with_options` name them.
+OPTION_NAMES = ("method", "alpha", "calibration", "placeholder", "template", "labels", "probability", "window", "stride",
+                "m", "seed", "max_passage_words", "max_context", "top_logprobs", "concurrency")
 
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_RETRIES = 2
@@ -140,6 +144,15 @@ class CapCalReranker:
             raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}")
         clone.options = replace(self.options, **changes)
         return clone
+
+    def settings(self) -> dict[str, Any]:
+        """The ranking options in force, as keyword arguments (the inverse of :meth:`with_options`).
+        A built-in template is given by name."""
+        o = self.options
+        values = {name: getattr(o, name) for name in OPTION_NAMES if hasattr(o, name)}
+        values.update(labels=o.label_style, concurrency=self.concurrency,
+                      template=o.template.name if TEMPLATES.get(o.template.name) is o.template else o.template)
+        return values
 
     @property
     def method(self) -> str:

@@ -112,6 +112,27 @@ class Ranking:
         """The first ``k`` input indices of :attr:`order` (all when ``k`` is None)."""
         return self.order if k is None else self.order[:k]
 
+    def details(self) -> list[dict[str, Any]]:
+        """Per input passage, for tracing: its rank, and the numbers of the last decoding step it
+        took part in (``p`` real, ``q`` empty prompt, calibrated ``score``, ``alpha``).
+
+        >>> r = Ranking((1, 0), (0.25, 0.9), steps=(Step((0, 1), (0.4, 0.6), (0.7, 0.3), (0.2, 0.8), 2.0, 0.67, 1),))
+        >>> r.details()[1]
+        {'rank': 1, 'input_rank': 2, 'method': 'capcal', 'upper_bounds': 0, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
+        """
+        last = {i: (step, j) for step in self.steps for j, i in enumerate(step.candidates)}
+        rank = {i: r for r, i in enumerate(self.order)}
+        out = []
+        for i in range(len(self.order)):
+            d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": self.method,
+                                 "upper_bounds": self.upper_bounds}
+            if i in last:
+                step, j = last[i]
+                d.update(p=round(step.p[j], 4), q=None if step.q is None else round(step.q[j], 4),
+                         score=round(step.scores[j], 4), alpha=round(step.alpha, 4))
+            out.append(d)
+        return out
+
 
 @dataclass(frozen=True)
 class Capabilities:

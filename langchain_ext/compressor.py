@@ -35,14 +35,13 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.prompts import TEMPLATES, PromptTemplate
+from capcal_integrations.prompts import PromptTemplate
+from capcal_integrations.reranker import OPTION_NAMES
 
-__all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY", "passage_details"]
+__all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY"]
 
 RELEVANCE_SCORE_KEY = "relevance_score"
 DETAILS_KEY = "capcal"
-_OPTIONS = ("method", "alpha", "calibration", "placeholder", "template", "labels", "probability", "window", "stride",
-            "m", "seed", "max_passage_words", "max_context", "top_logprobs", "concurrency")
 _CONNECTION = ("base_url", "model", "timeout", "max_retries")
 
 
@@ -91,18 +90,18 @@ class CapCalRerank(BaseDocumentCompressor):
                                               ("async_client", async_client)) if v is not None)
         if reranker is not None and connection:
             raise ValueError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
-        options = {k: getattr(self, k) for k in _OPTIONS if getattr(self, k) is not None}
+        options = {k: getattr(self, k) for k in OPTION_NAMES if getattr(self, k) is not None}
         base = reranker or CapCalReranker(**connection)
         self._reranker = base.with_options(**options) if options else base
         self.model = self._reranker.model
-        for name, value in _options_in_force(self._reranker).items():  # so the config shows what runs
+        for name, value in self._reranker.settings().items():  # so the config shows what runs
             if getattr(self, name) is None:
                 setattr(self, name, value)
 
     @property
     def reranker(self) -> CapCalReranker:
         """The core reranker with this compressor's current options."""
-        return self._reranker.with_options(**{k: getattr(self, k) for k in _OPTIONS})
+        return self._reranker.with_options(**{k: getattr(self, k) for k in OPTION_NAMES})
 
     @property
     def last_ranking(self) -> Ranking | None:
@@ -147,7 +146,7 @@ class CapCalRerank(BaseDocumentCompressor):
 
     def _finish(self, documents: list[Document], ranking: Ranking) -> list[Document]:
         self._last_ranking = ranking
-        details = passage_details(ranking)
+        details = ranking.details()
         return [documents[i].model_copy(update={"metadata": {**copy.deepcopy(documents[i].metadata),
                                                             RELEVANCE_SCORE_KEY: ranking.scores[i],
                                                             DETAILS_KEY: details[i]}})
@@ -158,31 +157,3 @@ def _texts(documents: list[Document]) -> list[str]:
     return [d.page_content for d in documents]
 
 
-def _options_in_force(reranker: CapCalReranker) -> dict[str, Any]:
-    o = reranker.options
-    values = {k: getattr(o, k) for k in _OPTIONS if hasattr(o, k)}
-    values.update(labels=o.label_style, concurrency=reranker.concurrency,
-                  template=o.template.name if TEMPLATES.get(o.template.name) is o.template else o.template)
-    return values
-
-
-def passage_details(ranking: Ranking) -> list[dict[str, Any]]:
-    """Per input passage: its rank and the numbers of the last decoding step it took part in.
-
-    >>> from capcal_integrations import Ranking, Step
-    >>> r = Ranking((1, 0), (0.25, 0.9), steps=(Step((0, 1), (0.4, 0.6), (0.7, 0.3), (0.2, 0.8), 2.0, 0.67, 1),))
-    >>> passage_details(r)[1]
-    {'rank': 1, 'input_rank': 2, 'method': 'capcal', 'upper_bounds': 0, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
-    """
-    last = {i: (step, j) for step in ranking.steps for j, i in enumerate(step.candidates)}
-    rank = {i: r for r, i in enumerate(ranking.order)}
-    out = []
-    for i in range(len(ranking.order)):
-        d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": ranking.method,
-                             "upper_bounds": ranking.upper_bounds}
-        if i in last:
-            step, j = last[i]
-            d.update(p=round(step.p[j], 4), q=None if step.q is None else round(step.q[j], 4),
-                     score=round(step.scores[j], 4), alpha=round(step.alpha, 4))
-        out.append(d)
-    return out

@@ -26,7 +26,6 @@ from llama_index.core.schema import IndexNode, MetadataMode, NodeWithScore, Quer
 import llamaindex_ext
 from capcal_integrations import CapCalReranker, InputError, Ranking, Step
 from llamaindex_ext import DETAILS_KEY, RETRIEVAL_SCORE_KEY, CapCalRerank
-from llamaindex_ext.postprocessor import passage_details
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOWHERE = "http://127.0.0.1:9/v1"  # discard port: any request to it would fail loudly
@@ -213,12 +212,12 @@ def test_passage_details_worked_example():
     steps = (Step((0, 1, 2), (0.2, 0.3, 0.5), (0.1, 0.6, 0.3), (0.3, 0.1, 0.6), 1.0, 1.03, 2),
              Step((0, 1), (0.45, 0.55), (0.2, 0.8), (0.6, 0.4), 0.5, 0.69, 0))
     r = Ranking((2, 0, 1), (0.6, 0.2, 0.9), steps=steps, upper_bounds=1)
-    d = passage_details(r)
+    d = r.details()
     assert d[2] == {"rank": 1, "input_rank": 3, "method": "capcal", "upper_bounds": 1,
                     "p": 0.5, "q": 0.3, "score": 0.6, "alpha": 1.0}
     assert (d[0]["rank"], d[0]["p"], d[0]["alpha"]) == (2, 0.45, 0.5)
     assert (d[1]["rank"], d[1]["q"], d[1]["score"]) == (3, 0.8, 0.4)  # the leftover: its last step
-    assert passage_details(Ranking((1, 0), (0.5, 1.0), "psc"))[0] == {
+    assert Ranking((1, 0), (0.5, 1.0), "psc").details()[0] == {
         "rank": 2, "input_rank": 1, "method": "psc", "upper_bounds": 0}
 
 
