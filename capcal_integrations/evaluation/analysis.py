@@ -1,0 +1,272 @@
+"""From stored records to numbers: quality, significance, position bias, needle ranks and cost.
+
+Everything here reads a :class:`~.store.Store` and computes; no reranking, no plotting.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..calibration import calibrate, calibrate_log
+from ..strategies import borda
+from .bias import (
+    expected_kl_uniform,
+    kendall_tau,
+    kl_from_uniform,
+    mean_by_position,
+    mean_pairwise_tau,
+    position_histogram,
+    rank_of,
+)
+from .data import Dataset, ScoredDoc, run_of
+from .metrics import MEASURES, PairedTest, mean, paired_test, per_query
+from .store import Store, record_key
+
+__all__ = ["Quality", "quality", "Bias", "bias", "input_tau", "needle_ranks", "auc", "content_auc", "signal_split",
+           "Cost", "cost", "standalone_seconds", "borda_of_shuffles",
+           "first_token_sweep", "run_for"]
+
+
+def run_for(dataset: Dataset, records: Sequence[dict[str, Any]]) -> list[ScoredDoc]:
+    """A full run: each record's reranked list, then the rest of the query's candidates in first-stage order."""
+    tails = {t.qid: [c.docid for c in t.candidates] for t in dataset.topics}
+    return [d for rec in records for d in run_of(rec["qid"], rec["order"], tails.get(rec["qid"], ()))]
+
+
+@dataclass
+class Quality:
+    """Per method (label): per-query values of every measure, on the queries the method finished."""
+
+    per_query: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # label -> measure -> qid -> v
+
+    def mean(self, label: str, measure: str = "nDCG@10", qids: Sequence[str] | None = None) -> float:
+        values = self.per_query[label][measure]
+        return mean([values[q] for q in (qids if qids is not None else values) if q in values])
+
+    def qids(self, label: str) -> list[str]:
+        return list(self.per_query[label]["nDCG@10"])
+
+    def test(self, a: str, b: str, measure: str = "nDCG@10") -> PairedTest:
+        return paired_test(self.per_query[a][measure], self.per_query[b][measure])
+
+
+def quality(dataset: Dataset, runs: dict[str, Sequence[dict[str, Any]]]) -> Quality:
+    """``runs``: label -> rank-like records (``qid``, ``order``), e.g. ``list(store.select("rank", key))``.
+    Only queries of ``dataset`` with at least one judgement count."""
+    judged = {q.query_id for q in dataset.qrels}
+    wanted = {t.qid for t in dataset.topics} & judged
+    out = Quality()
+    for label, records in runs.items():
+        recs = [r for r in records if r["qid"] in wanted]
+        if recs:
+            qids = [r["qid"] for r in recs]
+            out.per_query[label] = per_query(dataset.qrels, run_for(dataset, recs), qids, dataset.rel_threshold)
+    return out
+
+
+def borda_of_shuffles(store: Store, key: str, kind: str = "shuffle") -> list[dict[str, Any]]:
+    """PSC for free: per query, Borda aggregation (the core's :func:`~capcal_integrations.borda`) of the
+    method's rankings of the stored shuffles. Returns rank-like records (``qid``, ``order``, ``m``)."""
+    by_query: dict[str, list[dict[str, Any]]] = {}
+    for rec in store.select(kind, key):
+        by_query.setdefault(rec["qid"], []).append(rec)
+    out = []
+    for qid, recs in by_query.items():
+        if len(recs) < 2:
+            continue
+        items = sorted(recs[0]["input"])
+        index = {d: i for i, d in enumerate(items)}
+        order = borda([[index[d] for d in r["order"]] for r in recs], len(items))
+        out.append({"qid": qid, "order": [items[i] for i in order], "m": len(recs)})
+    return out
+
+
+@dataclass
+class Bias:
+    """Shuffle-based bias of one method: top-1 input positions, KL from uniform (with the KL a
+    position-free ranker would show from sampling noise alone), mean pairwise Kendall tau across a
+    query's shuffles, mean tau between each output and its own input order (1 = the input order was
+    copied), and mean first-step probability (and calibrated share) by input slot."""
+
+    lists: int
+    queries: int
+    histogram: list[int]
+    kl: float
+    kl_noise: float
+    tau: float
+    tau_input: float
+    first_p: list[float]
+    first_s: list[float]
+
+
+def _shares(s: Sequence[float]) -> list[float]:
+    clipped = [max(x, 0.0) for x in s]
+    total = math.fsum(clipped)
+    return [x / total for x in clipped] if total > 0 else [1.0 / len(s)] * len(s)
+
+
+def bias(store: Store, key: str, n: int, kind: str = "shuffle") -> Bias | None:
+    recs = [r for r in store.select(kind, key) if len(r["input"]) == n]
+    if not recs:
+        return None
+    positions = [r["input"].index(r["order"][0]) + 1 for r in recs]
+    hist = position_histogram(positions, n)
+    by_query: dict[str, list[list[str]]] = {}
+    for r in recs:
+        by_query.setdefault(r["qid"], []).append(r["order"])
+    taus = [mean_pairwise_tau(orders) for orders in by_query.values() if len(orders) >= 2]
+    firsts = [r["first_step"] for r in recs if r.get("first_step") and len(r["first_step"]["p"]) == n]
+    return Bias(len(recs), len(by_query), hist, kl_from_uniform(hist), expected_kl_uniform(len(recs), n),
+                mean(taus) if taus else float("nan"), input_tau(recs),
+                mean_by_position(f["p"] for f in firsts), mean_by_position(_shares(f["s"]) for f in firsts))
+
+
+def input_tau(records: Sequence[dict[str, Any]]) -> float:
+    """Mean Kendall tau between each record's output order and its input order (1.0 = output copies
+    the input order; for rank runs the input order is the first stage's)."""
+    return mean([kendall_tau(r["order"], r["input"]) for r in records]) if records else float("nan")
+
+
+def needle_ranks(store: Store, key: str) -> dict[str, dict[int, int]]:
+    """``{qid: {position: rank of the needle}}`` (1-based both)."""
+    out: dict[str, dict[int, int]] = {}
+    for r in store.select("needle", key):
+        out.setdefault(r["qid"], {})[int(r["position"])] = rank_of(r["order"], r["needle"])
+    return out
+
+
+@dataclass
+class Cost:
+    """Mean per reranking: HTTP requests, prompt tokens (and those the server found cached), completion
+    tokens and wall seconds, over ``n`` rerankings; also the median wall time, which a shared, noisy
+    machine moves less than the mean."""
+
+    n: int
+    requests: float
+    prompt_tokens: float
+    cached_tokens: float
+    completion_tokens: float
+    seconds: float
+    median_seconds: float
+    median_standalone: float  # median of :func:`standalone_seconds`
+
+    @property
+    def uncached_tokens(self) -> float:
+        return self.prompt_tokens - self.cached_tokens
+
+
+def cost(store: Store, key: str, qids: Sequence[str] | None = None, kind: str = "rank") -> Cost | None:
+    recs = [r for r in store.select(kind, key) if qids is None or r["qid"] in qids]
+    if not recs:
+        return None
+    u = [r["usage"] for r in recs]
+    return Cost(len(recs), mean([x["requests"] for x in u]), mean([x["prompt_tokens"] for x in u]),
+                mean([x["cached_tokens"] for x in u]), mean([x["completion_tokens"] for x in u]),
+                mean([r["seconds"] for r in recs]), statistics.median(r["seconds"] for r in recs),
+                statistics.median(standalone_seconds(store, r) for r in recs))
+
+
+def _uncached(rec: dict[str, Any]) -> int:
+    return rec["usage"]["prompt_tokens"] - rec["usage"]["cached_tokens"]
+
+
+def standalone_seconds(store: Store, rec: dict[str, Any]) -> float:
+    """Wall time a reranking would have taken on its own, estimated: methods run back to back per
+    query, so a method that found the real prompt already prefilled (its uncached prompt tokens are
+    under half of what ``first-token``, run earlier on the same list, had to prefill) is charged
+    ``first-token``'s time, i.e. one cold prefill of the real prompt; a calibrated method with the
+    default placeholder that also ran after ``first-token-capcal`` is charged that one's time too
+    (the empty prompt's prefill). PSC's shuffled prompts are always cold: it is charged nothing."""
+    def earlier(method: str) -> dict[str, Any] | None:
+        other = store.get(record_key(rec["kind"], method, rec["qid"], rec.get("variant", "")))
+        ok = other and other.get("time") and rec.get("time") and other["time"] <= rec["time"]
+        return other if ok and other["input"] == rec["input"] else None
+
+    seconds = rec["seconds"]
+    method = rec["method"]
+    ft = earlier("first-token")
+    if method == "first-token" or ft is None or _uncached(rec) >= _uncached(ft) / 2:
+        return seconds
+    seconds += ft["seconds"]
+    ftc = earlier("first-token-capcal")
+    base, _, options = method.partition(":")
+    calibrated = base in ("capcal", "first-token-capcal") and "placeholder=" not in options
+    if calibrated and method != "first-token-capcal" and ftc is not None:
+        seconds += ftc["seconds"]
+    return seconds
+
+
+def first_token_sweep(store: Store, key: str, alphas: Sequence[float], *, form: str = "additive",
+                      kind: str = "rank") -> dict[float, list[dict[str, Any]]]:
+    """Re-rank each stored first step offline with other calibration strengths: the first-token-capcal
+    ranking is ``argsort`` of ``calibrate(p, q, alpha)``, a pure function of the stored ``p`` and ``q``
+    (so a whole alpha curve costs no model call). Returns ``{alpha: rank-like records}``."""
+    fn = calibrate if form == "additive" else calibrate_log
+    out: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas}
+    for r in store.select(kind, key):
+        f = r.get("first_step")
+        if not f or f.get("q") is None or len(f["candidates"]) != len(r["input"]):
+            continue
+        for a in alphas:
+            s = fn(f["p"], f["q"], a)
+            ranked = sorted(range(len(s)), key=lambda j: (-s[j], j))
+            out[a].append({"qid": r["qid"], "variant": r.get("variant", ""), "input": r["input"],
+                           "order": [r["input"][f["candidates"][j]] for j in ranked]})
+    return out
+
+
+MEASURE_NAMES = tuple(MEASURES)
+
+
+def signal_split(store: Store, key: str = "vanilla") -> tuple[list[str], list[str], float] | None:
+    """Split queries by how sure the model is, label-free: the normalised entropy ``H / log n`` of the
+    real distribution at the first decoding step of method ``key``'s ranking. Returns (confident
+    half, unsure half, median); ``None`` without such records."""
+    ent = {}
+    for r in store.select("rank", key):
+        if r.get("entropies") and len(r["input"]) > 1:
+            ent[r["qid"]] = r["entropies"][0] / math.log(len(r["input"]))
+    if len(ent) < 2:
+        return None
+    median = statistics.median(ent.values())
+    return ([q for q, h in ent.items() if h <= median], [q for q, h in ent.items() if h > median], median)
+
+
+def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
+    """Probability that a random positive scores above a random negative (ties count half).
+
+    >>> auc([0.9, 0.4], [0.5, 0.1]), auc([1.0], [1.0])
+    (0.75, 0.5)
+    """
+    if not positive or not negative:
+        return float("nan")
+    wins = sum((p > n) + 0.5 * (p == n) for p in positive for n in negative)
+    return wins / (len(positive) * len(negative))
+
+
+def content_auc(store: Store, key: str, grades: dict[str, dict[str, int]], rel: int, *, kind: str = "shuffle",
+                field_: str = "p") -> tuple[float, int]:
+    """How much content signal the first decoding step carries: per query, each passage's first-step
+    probability (``field_`` "p", or "s" for the calibrated score) averaged over all of the query's lists
+    of ``kind`` (over shuffles the slots average out), then the AUC of relevant (grade >= ``rel``)
+    against judged non-relevant passages. Returns (mean AUC over queries, queries); 0.5 = no signal."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for r in store.select(kind, key):
+        f = r.get("first_step")
+        if not f or f.get(field_) is None or len(f["candidates"]) != len(r["input"]):
+            continue
+        for slot, value in zip(f["candidates"], f[field_], strict=True):
+            sums.setdefault(r["qid"], {}).setdefault(r["input"][slot], []).append(value)
+    aucs = []
+    for qid, by_doc in sums.items():
+        g = grades.get(qid, {})
+        score = {d: math.fsum(v) / len(v) for d, v in by_doc.items()}
+        value = auc([s for d, s in score.items() if g.get(d, 0) >= rel],
+                    [s for d, s in score.items() if d in g and g[d] == 0])
+        if not math.isnan(value):
+            aucs.append(value)
+    return (mean(aucs) if aucs else float("nan")), len(aucs)

@@ -1,0 +1,179 @@
+"""``capcal eval``: rerank a benchmark with several methods; write run files, ``report.md`` and plots.
+
+Example::
+
+    capcal eval --data ../shared/data/trec-dl19-passage --top 20 \\
+        --methods bm25,vanilla,capcal,capcal:alpha=1.0,first-token,first-token:capcal,psc:m=5 \\
+        --out eval-out/dl19 --queries 20 --shuffles 5 --bias-queries 10 --needle-queries 2
+
+Without ``--base-url`` the embedded llama.cpp server is started for the run (model ``--model``,
+default ``0.5b``). Everything finished is kept in ``OUT/records.jsonl``; running the same command
+again resumes where it stopped and regenerates the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import pathlib
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from ..errors import CapCalError
+from .data import Dataset, load_dataset
+from .runner import Group, Runner, needle_jobs, rank_jobs, shuffle_jobs
+from .specs import MethodSpec, parse_specs
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["main", "build_parser", "endpoint", "run_groups", "bias_methods"]
+
+DEFAULT_METHODS = "bm25,first-token,first-token:capcal,vanilla,capcal"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="capcal eval", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Rerank a benchmark with several methods; write run files, report.md and plots.",
+        epilog="example:\n  " + __doc__.split("::\n\n")[1].split("\n\n")[0].strip() + "\n\n"
+               "Finished rerankings are kept in OUT/records.jsonl: the same command again resumes.")
+    ap.add_argument("--data", required=True, help="dataset directory (candidates.jsonl.gz + qrels.txt)")
+    ap.add_argument("--out", required=True, help="output directory (records, run files, report.md, plots)")
+    ap.add_argument("--methods", default=DEFAULT_METHODS,
+                    help="comma-separated method specs, e.g. capcal:alpha=1.0,probability=trie "
+                         f"(default {DEFAULT_METHODS})")
+    ap.add_argument("--top", type=int, default=20, help="rerank the first-stage top-k (default 20)")
+    ap.add_argument("--queries", type=int, default=None, help="only the first N queries (file order)")
+    ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint; default: start the embedded server")
+    ap.add_argument("--model", default=None,
+                    help="model name to ask the endpoint for; without --base-url, the embedded model to start "
+                         "(0.5b, 1.5b or smollm2; default 0.5b)")
+    ap.add_argument("--port", type=int, default=None, help="port of the embedded server (default: a free one)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads of the embedded server")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds per HTTP request (default 600: a cold 2k-token prompt on a busy CPU is slow)")
+    bias = ap.add_argument_group("position bias")
+    bias.add_argument("--shuffles", type=int, default=0, help="M random shuffles per bias query (default 0: skip)")
+    bias.add_argument("--bias-queries", type=int, default=10, help="queries for the shuffle measures (default 10)")
+    bias.add_argument("--bias-methods", default=None,
+                      help="methods for the shuffle and needle tests (default: --methods without psc)")
+    bias.add_argument("--needle-queries", type=int, default=0, help="queries for the needle test (default 0: skip)")
+    bias.add_argument("--needle-positions", default=None, help="1-based positions, e.g. 1,5,10,15,20 (default: all)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from stored records; rerank nothing")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    return ap
+
+
+def bias_methods(specs: Sequence[MethodSpec], text: str | None) -> list[MethodSpec]:
+    """The methods for shuffles and needles: ``text`` if given, else ``specs`` without the (m-times
+    dearer) psc."""
+    return parse_specs(text) if text else [s for s in specs if s.method != "psc"]
+
+
+@contextlib.contextmanager
+def endpoint(base_url: str | None, model: str | None, port: int | None = None,
+             threads: int | None = None) -> Iterator[tuple[str, str | None]]:
+    """``(base_url, model name to send)``: the given endpoint, a healthy server already on ``port``, or
+    an embedded server started (and stopped) here."""
+    if base_url:
+        yield base_url, model
+        return
+    from ..server import MODELS, EmbeddedServer, find_running
+
+    embedded = model or "0.5b"
+    if embedded not in MODELS:
+        raise CapCalError(f"--model {embedded!r} is not an embedded model ({', '.join(MODELS)}); "
+                          "pass --base-url to use another endpoint")
+    if port and (running := find_running("127.0.0.1", port)):
+        log.info("reusing the server at %s", running)
+        yield running, None
+        return
+    with EmbeddedServer(model=embedded, port=port, threads=threads) as server:
+        log.info("started the embedded %s server at %s (log %s)", embedded, server.base_url, server.log_path)
+        yield server.base_url, None
+
+
+async def run_groups(runner: Runner, phases: Sequence[tuple[str, Sequence[Group]]]) -> list[tuple[str, Any]]:
+    """Run phases in order; returns ``(name, RunSummary)`` pairs."""
+    out = []
+    for name, groups in phases:
+        if groups:
+            out.append((name, await runner.run(groups, name)))
+    return out
+
+
+def _phases(dataset: Dataset, specs: list[MethodSpec], biased: list[MethodSpec], a: argparse.Namespace,
+            ) -> list[tuple[str, list[Group]]]:
+    topics = dataset.topics
+    positions = [int(p) for p in a.needle_positions.split(",")] if a.needle_positions else None
+    return [
+        (f"{dataset.name} rank", rank_jobs(topics, specs, a.top)),
+        (f"{dataset.name} shuffles", shuffle_jobs(topics[: a.bias_queries], biased, a.top, a.shuffles)
+         if a.shuffles >= 2 else []),
+        (f"{dataset.name} needle", needle_jobs(dataset, topics, biased, a.top, a.needle_queries, positions)
+         if a.needle_queries else []),
+    ]
+
+
+def _server_meta(caps: Any) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    meta = {"model": caps.model, "server": caps.server, "transport": caps.transport, "context": caps.context}
+    with contextlib.suppress(md.PackageNotFoundError):
+        meta["xllamacpp"] = md.version("xllamacpp")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capcal eval``; returns the exit status."""
+    a = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="capcal: %(message)s")
+    try:
+        specs = parse_specs(a.methods)
+        biased = bias_methods(specs, a.bias_methods)
+        dataset = load_dataset(a.data).select(a.queries)
+    except (CapCalError, OSError, ValueError) as err:
+        sys.stderr.write(f"capcal eval: error: {err}\n")
+        return 2
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = Store(out / "records.jsonl")
+    meta_path = out / "meta.json"
+    meta: dict[str, Any] = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta.update(command="capcal eval " + " ".join(argv if argv is not None else sys.argv[1:]),
+                data=str(pathlib.Path(a.data).resolve()), top=a.top, methods=[s.label for s in specs],
+                bias_methods=[s.label for s in biased], shuffles=a.shuffles, needle_queries=a.needle_queries)
+    phases = _phases(dataset, specs, biased, a)
+    failed = 0
+    if not a.report_only:
+        needs_model = any(j.spec.uses_model and j.key not in store for _, groups in phases for _, jobs in groups
+                          for j in jobs)
+        try:
+            if needs_model:
+                from .. import CapCalReranker
+
+                with endpoint(a.base_url, a.model, a.port, a.threads) as (url, model):
+                    reranker = CapCalReranker(base_url=url, model=model, timeout=a.timeout)
+                    meta.update(_server_meta(reranker.capabilities()))  # probed before any timing starts
+                    summaries = asyncio.run(run_groups(Runner(store, reranker, progress=not a.no_progress), phases))
+            else:
+                summaries = asyncio.run(run_groups(Runner(store, None, progress=not a.no_progress), phases))
+        except CapCalError as err:
+            sys.stderr.write(f"capcal eval: error: {err}\n")
+            return 1
+        failed = sum(len(s.failed) for _, s in summaries)
+        meta["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    meta_path.write_text(json.dumps(meta, indent=2))
+    from .report import write_report
+
+    report = write_report(out, dataset, store, specs, biased, meta)
+    sys.stderr.write(f"capcal eval: wrote {report}\n")
+    return 1 if failed else 0

@@ -1,0 +1,325 @@
+"""Tests of capcal_integrations.evaluation: pure measures with hand-worked numbers, spec parsing,
+metrics cross-checked against published BM25 figures, the resumable store and runner, and one
+small end-to-end ``capcal eval`` against the real local model server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import pathlib
+
+import pytest
+
+from capcal_integrations.errors import InputError
+from capcal_integrations.evaluation import analysis, main
+from capcal_integrations.evaluation.bias import (
+    expected_kl_uniform,
+    kendall_tau,
+    kl_from_uniform,
+    mean_pairwise_tau,
+    needle_list,
+    pick_needle,
+    position_histogram,
+    shuffle_of,
+)
+from capcal_integrations.evaluation.data import load_dataset, read_run, run_of, write_run
+from capcal_integrations.evaluation.metrics import paired_test, per_query, sign_flip_p
+from capcal_integrations.evaluation.runner import Runner, needle_jobs, rank_jobs, shuffle_jobs
+from capcal_integrations.evaluation.specs import parse_spec, parse_specs
+from capcal_integrations.evaluation.store import Store, record_key
+
+TINY = pathlib.Path(__file__).parent / "fixtures" / "tiny-dl"
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+# --------------------------------------------------------------------------- specs
+
+@pytest.mark.parametrize(("text", "method", "options", "key"), [
+    ("bm25", "bm25", {}, "bm25"),
+    ("capcal", "capcal", {}, "capcal"),
+    ("capcal:alpha=1", "capcal", {"alpha": 1.0}, "capcal:alpha=1.0"),
+    ("capcal:probability=trie,alpha=1.0", "capcal", {"probability": "trie", "alpha": 1.0},
+     "capcal:alpha=1.0,probability=trie"),
+    ("capcal:alpha=adaptive", "capcal", {"alpha": "adaptive"}, "capcal:alpha=adaptive"),
+    ("capcal:calibration=log,alpha=0.5", "capcal", {"calibration": "log", "alpha": 0.5},
+     "capcal:alpha=0.5,calibration=log"),
+    ("capcal:placeholder=", "capcal", {"placeholder": ""}, "capcal:placeholder="),
+    ("psc:m=5", "psc", {"m": 5}, "psc:m=5"),
+    ("first-token:capcal", "first-token-capcal", {}, "first-token-capcal"),
+    ("first-token-capcal", "first-token-capcal", {}, "first-token-capcal"),
+    ("first-token:capcal,alpha=1", "first-token-capcal", {"alpha": 1.0}, "first-token-capcal:alpha=1.0"),
+    ("vanilla:template=rank_gpt,labels=alpha", "vanilla", {"template": "rank_gpt", "labels": "alpha"},
+     "vanilla:labels=alpha,template=rank_gpt"),
+])
+def test_parse_spec(text, method, options, key):
+    spec = parse_spec(text)
+    assert (spec.method, dict(spec.options), spec.key, spec.label) == (method, options, key, text)
+
+
+@pytest.mark.parametrize("bad", ["nope", "capcal:beta=1", "capcal:alpha=high", "psc:m=five", "bm25:alpha=1",
+                                 "capcal:alpha", "capcal:alpha=1,alpha=2"])
+def test_parse_spec_rejects(bad):
+    with pytest.raises(InputError):
+        parse_spec(bad)
+
+
+def test_parse_specs_splits_on_method_names_only():
+    specs = parse_specs("bm25,vanilla,capcal,capcal:alpha=1.0,first-token,first-token:capcal,psc:m=5,"
+                        "capcal:calibration=log,alpha=1.0,capcal:placeholder=")
+    assert [s.key for s in specs] == ["bm25", "vanilla", "capcal", "capcal:alpha=1.0", "first-token",
+                                      "first-token-capcal", "psc:m=5", "capcal:alpha=1.0,calibration=log",
+                                      "capcal:placeholder="]
+    assert specs[0].uses_model is False and specs[2].calibrated and not specs[1].calibrated
+    with pytest.raises(InputError, match="twice"):
+        parse_specs("capcal:alpha=1,capcal:alpha=1.0")
+    with pytest.raises(InputError, match="start with a method"):
+        parse_specs("alpha=1,capcal")
+
+
+# --------------------------------------------------------------------------- bias measures
+
+def test_position_histogram_and_kl_by_hand():
+    assert position_histogram([1, 3, 3, 4], 4) == [1, 0, 2, 1]
+    with pytest.raises(ValueError):
+        position_histogram([5], 4)
+    assert kl_from_uniform([2, 2, 2, 2]) == 0.0
+    assert kl_from_uniform([8, 0, 0, 0]) == pytest.approx(math.log(4))
+    # P = (.5, .25, .25, 0) over 4 slots: .5 log 2 + .25 log 1 + .25 log 1 = .3466
+    assert kl_from_uniform([2, 1, 1, 0]) == pytest.approx(0.5 * math.log(2))
+    # noise floor of 50 draws over 20 slots is near (n - 1) / (2 N) = 0.19
+    assert expected_kl_uniform(50, 20, draws=500) == pytest.approx(0.19, abs=0.03)
+
+
+def test_kendall_tau_by_hand():
+    assert kendall_tau(["a", "b", "c", "d"], ["a", "b", "c", "d"]) == 1.0
+    assert kendall_tau(["a", "b", "c", "d"], ["d", "c", "b", "a"]) == -1.0
+    # b,a,d,c vs a,b,c,d: 2 discordant pairs (a-b, c-d) of 6 -> (4 - 2) / 6
+    assert kendall_tau(["b", "a", "d", "c"], ["a", "b", "c", "d"]) == pytest.approx(1 / 3)
+    # c,a,b vs a,b,c: discordant a-c, b-c -> (1 - 2) / 3
+    assert kendall_tau(["c", "a", "b"], ["a", "b", "c"]) == pytest.approx(-1 / 3)
+    with pytest.raises(ValueError):
+        kendall_tau(["a", "b"], ["a", "c"])
+    # three shuffles: taus 1/3 (x,y), -1/3 (x,z), ... worked: x=abc, y=acb (1 disc.), z=cab (2 disc. vs x)
+    # y vs z: y=a,c,b  z=c,a,b -> pair a-c discordant only -> 1/3
+    assert mean_pairwise_tau(["abc", "acb", "cab"]) == pytest.approx((1 / 3 - 1 / 3 + 1 / 3) / 3)
+
+
+def test_shuffles_are_fixed_per_key():
+    assert shuffle_of(20, "q1/0") == shuffle_of(20, "q1/0")
+    assert shuffle_of(20, "q1/0") != shuffle_of(20, "q1/1")
+    assert sorted(shuffle_of(20, "q1/3")) == list(range(20))
+
+
+def test_needle_pick_and_placement():
+    cands = ["d1", "d2", "d3", "d4", "d5", "d6"]
+    grades = {"d1": 1, "d2": 0, "d3": 2, "d4": 3, "d5": 0, "d6": 0}
+    assert pick_needle(cands, grades, 4) == ("d4", ["d2", "d5", "d6"])  # grade 3 beats the earlier grade 2
+    assert pick_needle(cands, grades, 5) is None  # only three judged non-relevant
+    assert pick_needle(cands, {"d1": 1}, 2) is None  # nothing of grade >= 2
+    assert pick_needle(cands, {"d1": 1, "d2": 0}, 2, min_grade=1) == ("d1", ["d2"])
+    assert [needle_list("N", ["a", "b"], p) for p in (1, 2, 3)] == [["N", "a", "b"], ["a", "N", "b"], ["a", "b", "N"]]
+
+
+# --------------------------------------------------------------------------- aggregation and offline sweeps
+
+def _store(tmp_path, records):
+    store = Store(tmp_path / "records.jsonl")
+    for r in records:
+        store.add(r)
+    return store
+
+
+def test_borda_of_shuffles_uses_doc_ids_not_slots(tmp_path):
+    # three shuffles of {x, y, z}; rankings by doc id: x>y>z, y>x>z, y>z>x -> points x 3, y 5, z 1
+    recs = [{"kind": "shuffle", "method": "vanilla", "qid": "q", "variant": str(i), "input": inp, "order": order}
+            for i, (inp, order) in enumerate([(["z", "x", "y"], ["x", "y", "z"]), (["y", "z", "x"], ["y", "x", "z"]),
+                                              (["x", "y", "z"], ["y", "z", "x"])])]
+    [agg] = analysis.borda_of_shuffles(_store(tmp_path, recs), "vanilla")
+    assert agg == {"qid": "q", "order": ["y", "x", "z"], "m": 3}
+
+
+def test_bias_summary_from_records(tmp_path):
+    recs = [{"kind": "shuffle", "method": "m", "qid": q, "variant": str(i), "input": inp, "order": order}
+            for q, i, inp, order in [("q1", 0, ["a", "b"], ["a", "b"]), ("q1", 1, ["b", "a"], ["b", "a"]),
+                                     ("q2", 0, ["c", "d"], ["c", "d"]), ("q2", 1, ["d", "c"], ["c", "d"])]]
+    b = analysis.bias(_store(tmp_path, recs), "m", 2)
+    # top-1 slots: 1, 1, 1, 2 -> histogram [3, 1]; q1 taus: a>b vs b>a = -1; q2: c>d twice = 1 -> mean 0
+    assert (b.lists, b.queries, b.histogram, b.tau) == (4, 2, [3, 1], 0.0)
+    assert b.tau_input == 0.5  # outputs copy their input in 3 lists (tau 1), reverse it in one (tau -1)
+    assert b.kl == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5))
+
+
+def test_first_token_sweep_reranks_stored_steps(tmp_path):
+    rec = {"kind": "rank", "method": "first-token-capcal", "qid": "q", "variant": "", "input": ["a", "b", "c"],
+           "order": ["b", "c", "a"],
+           "first_step": {"candidates": [0, 1, 2], "p": [0.5, 0.3, 0.2], "q": [0.6, 0.2, 0.2], "s": [0, 0, 0]}}
+    sweep = analysis.first_token_sweep(_store(tmp_path, [rec]), "first-token-capcal", [0.0, 1.0])
+    assert sweep[0.0][0]["order"] == ["a", "b", "c"]  # raw p
+    assert sweep[1.0][0]["order"] == ["b", "c", "a"]  # p - (q - 1/3) = .233, .433, .333
+
+
+# --------------------------------------------------------------------------- metrics and significance
+
+def test_metrics_on_the_fixture_by_hand():
+    ds = load_dataset(TINY)
+    assert [t.qid for t in ds.topics] == ["1115776", "1106007", "1129237"] and ds.rel_threshold == 2
+    grades = ds.grades()["1115776"]
+    bm25 = [c.docid for c in ds.topics[0].candidates]
+    assert [grades[d] for d in bm25] == [0, 3, 0, 0, 0]
+    values = per_query(ds.qrels, run_of("1115776", bm25), ["1115776"], ds.rel_threshold)
+    # one grade-3 passage at rank 2: DCG = (2^3 - 1) / log2(3), ideal = 7 / log2(2)
+    assert values["nDCG@10"]["1115776"] == pytest.approx(1 / math.log2(3))
+    assert values["MRR@10"]["1115776"] == 0.5 and values["R@20"]["1115776"] == 1.0
+
+
+@pytest.mark.parametrize(("name", "published"), [("trec-dl19-passage", 0.5058), ("trec-dl20-passage", 0.4796)])
+def test_bm25_matches_the_published_ndcg(name, published):
+    if not (SHARED / name).is_dir():
+        pytest.skip(f"shared data {SHARED / name} not present")
+    ds = load_dataset(SHARED / name)
+    run = [d for t in ds.topics for d in run_of(t.qid, [c.docid for c in t.candidates])]
+    judged = sorted({q.query_id for q in ds.qrels})
+    values = per_query(ds.qrels, run, judged)["nDCG@10"]
+    assert sum(values.values()) / len(values) == pytest.approx(published, abs=5e-5)
+
+
+def test_significance_by_hand():
+    # diffs 1, 2, 3: of 8 sign flips only +++ and --- reach |sum| 6
+    assert sign_flip_p([1.0, 2.0, 3.0]) == 0.25
+    assert sign_flip_p([0.5] * 20, samples=2000) < 0.001  # Monte Carlo path, all-positive differences
+    t = paired_test({"a": 2.0, "b": 3.0, "c": 4.0}, {"a": 1.0, "b": 1.0, "c": 1.0})
+    # t = mean 2 / (sd 1 / sqrt 3) = 3.464 with 2 df -> two-sided p = 0.0742
+    assert (t.n, t.diff, t.wins, t.ties, t.losses) == (3, 2.0, 3, 0, 0)
+    assert t.t_p == pytest.approx(0.0742, abs=1e-4) and t.perm_p == 0.25
+    assert paired_test({"a": 1.0}, {"a": 1.0}).t_p == 1.0
+
+
+def test_run_files_round_trip(tmp_path):
+    run = run_of("q", ["b", "a"], ["c", "a"])
+    assert [d.doc_id for d in run] == ["b", "a", "c"]
+    write_run(tmp_path / "r.txt", run, "my run")
+    assert (tmp_path / "r.txt").read_text().splitlines()[0] == "q Q0 b 1 3 my_run"
+    assert read_run(tmp_path / "r.txt") == run
+
+
+# --------------------------------------------------------------------------- store and runner (no model)
+
+def test_store_resumes_and_skips_a_torn_line(tmp_path):
+    store = _store(tmp_path, [{"kind": "rank", "method": "bm25", "qid": "q1", "order": []}])
+    with open(store.path, "a") as f:
+        f.write('{"kind": "rank", "meth')  # killed mid-write
+    again = Store(store.path)
+    assert record_key("rank", "bm25", "q1") in again and len(again) == 1
+
+
+def test_runner_plans_and_resumes_bm25(tmp_path):
+    ds = load_dataset(TINY)
+    specs = parse_specs("bm25")
+    store = Store(tmp_path / "records.jsonl")
+    groups = (rank_jobs(ds.topics, specs, 5) + shuffle_jobs(ds.topics[:2], specs, 5, 3)
+              + needle_jobs(ds, ds.topics, specs, 5, 2))
+    assert sum(len(j) for _, j in groups) == 3 + 2 * 3 + 2 * 5
+    first = asyncio.run(Runner(store, None, progress=False).run(groups))
+    assert (first.done, first.cached, first.failed) == (19, 0, [])
+    again = asyncio.run(Runner(Store(store.path), None, progress=False).run(groups))
+    assert (again.done, again.cached) == (0, 19)
+    shuffled = [r for r in store.select("shuffle") if r["qid"] == "1115776"]
+    assert len({tuple(r["input"]) for r in shuffled}) == 3  # three different orders...
+    assert {tuple(r["order"]) for r in shuffled} == {tuple(c.docid for c in ds.topics[0].candidates)}  # ...one ranking
+    needles = analysis.needle_ranks(store, "bm25")
+    assert set(needles) == {"1115776", "1106007"}  # 1129237 has only three judged non-relevant
+    assert needles["1115776"] == dict.fromkeys(range(1, 6), 2)  # bm25 puts the needle where BM25 had it
+
+
+def test_eval_command_bm25_only_writes_runs_and_report(tmp_path):
+    out = tmp_path / "out"
+    assert main(["--data", str(TINY), "--out", str(out), "--methods", "bm25", "--no-progress"]) == 0
+    report = (out / "report.md").read_text()
+    assert "| `bm25` | 3 |" in report
+    assert len(read_run(out / "runs" / "bm25.txt")) == 15
+    assert main(["--data", str(TINY), "--out", str(out), "--methods", "capcal:beta=2"]) == 2
+
+
+# --------------------------------------------------------------------------- end to end, real server
+
+@pytest.mark.e2e
+def test_eval_end_to_end_on_the_tiny_fixture(server_url, test_model, tmp_path):
+    out = tmp_path / "eval"
+    args = ["--data", str(TINY), "--out", str(out), "--top", "5", "--queries", "2", "--base-url", server_url,
+            "--model", test_model, "--methods", "bm25,vanilla,capcal,first-token", "--shuffles", "2",
+            "--bias-queries", "1", "--bias-methods", "first-token", "--needle-queries", "1",
+            "--needle-positions", "1,5", "--no-progress"]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    ranks = [r for r in records if r["kind"] == "rank"]
+    assert sorted((r["method"], r["qid"]) for r in ranks) == sorted(
+        (m, q) for m in ("bm25", "vanilla", "capcal", "first-token") for q in ("1115776", "1106007"))
+    for r in records:
+        assert sorted(r["order"]) == sorted(r["input"]) and len(r["input"]) == 5
+    capcal = next(r for r in ranks if r["method"] == "capcal")
+    assert len(capcal["prior"]) == 5 and capcal["usage"]["requests"] > 0 and capcal["seconds"] > 0
+    assert len(capcal["alphas"]) == 4  # four decoding steps for five passages
+    assert {r["kind"] for r in records} == {"rank", "shuffle", "needle"}
+    report = (out / "report.md").read_text()
+    for label in ("`vanilla`", "`capcal`", "`first-token`", "Kendall", "Needle"):
+        assert label in report
+    assert (out / "ndcg_per_method.png").stat().st_size > 1000
+    before = len(records)
+    assert main(args) == 0  # resumes: nothing left to rerank
+    assert len((out / "records.jsonl").read_text().splitlines()) == before
+
+
+def test_report_from_synthetic_records_has_every_section(tmp_path):
+    """Every report section and plot, from records shaped like a real run (no model needed)."""
+    import random
+
+    from capcal_integrations.evaluation.report import write_report
+
+    ds = load_dataset(TINY)
+    specs = parse_specs("bm25,vanilla,capcal,first-token:capcal")
+    store = Store(tmp_path / "records.jsonl")
+    asyncio.run(Runner(store, None, progress=False).run(
+        rank_jobs(ds.topics, specs[:1], 5) + shuffle_jobs(ds.topics, specs[:1], 5, 2)))
+    rng = random.Random(0)
+    usage = {"requests": 10, "prompt_tokens": 1000, "completion_tokens": 4, "cached_tokens": 900}
+    jobs = (rank_jobs(ds.topics, specs[1:], 5) + shuffle_jobs(ds.topics, specs[1:], 5, 2)
+            + needle_jobs(ds, ds.topics, specs[1:], 5, 2))
+    for _, group in jobs:
+        for job in group:
+            order = list(job.docids)
+            rng.shuffle(order)
+            p = [rng.random() + 0.01 for _ in order]
+            p = [x / sum(p) for x in p]
+            rec = {"kind": job.kind, "method": job.spec.key, "label": job.spec.label, "qid": job.topic.qid,
+                   "variant": job.variant, "input": list(job.docids), **job.extra, "order": order,
+                   "usage": usage, "seconds": rng.uniform(1, 5), "entropies": [1.0 + rng.random()],
+                   "alphas": [1.0], "first_step": {"candidates": [0, 1, 2, 3, 4], "p": p,
+                                                   "q": [0.4, 0.1, 0.1, 0.1, 0.3] if job.spec.calibrated else None,
+                                                   "s": p}}
+            if job.spec.calibrated:
+                rec["prior"] = [0.4, 0.1, 0.1, 0.1, 0.3]
+            store.add(rec)
+    path = write_report(tmp_path, ds, store, specs, specs, {"top": 5, "model": "synthetic"})
+    text = path.read_text()
+    for heading in ("### Quality", "### Where the model has signal", "### Position bias", "### Needle test",
+                    "### Cost", "### Calibration strength", "psc* (Borda of vanilla's 2 bias shuffles)",
+                    "P([1]) = 0.400", "label-free choice", "### Content signal"):
+        assert heading in text, heading
+    for png in ("ndcg_per_method", "delta_vs_vanilla", "top1_positions", "needle", "cost_quality"):
+        assert (tmp_path / f"{png}.png").stat().st_size > 1000, png
+
+
+def test_standalone_seconds_charges_the_prefill_others_paid(tmp_path):
+    def rec(method, t, seconds, uncached):
+        return {"kind": "rank", "method": method, "qid": "q", "variant": "", "input": ["a", "b"], "order": ["a", "b"],
+                "time": f"2026-01-01T00:00:0{t}", "seconds": seconds,
+                "usage": {"requests": 1, "prompt_tokens": 3000, "completion_tokens": 1, "cached_tokens": 3000 - uncached}}
+    recs = [rec("first-token", 1, 40.0, 2000), rec("first-token-capcal", 2, 8.0, 400), rec("vanilla", 3, 30.0, 100),
+            rec("capcal", 4, 40.0, 200), rec("capcal:placeholder=", 5, 45.0, 500), rec("psc:m=5", 6, 300.0, 10000),
+            rec("capcal:alpha=0.5", 7, 50.0, 2100)]
+    store = _store(tmp_path, recs)
+    est = [analysis.standalone_seconds(store, r) for r in recs]
+    # first-token pays its own prefill; vanilla + 40; capcal + 40 + 8; own empty prompt: + 40 only;
+    # psc's prompts are all cold; a run that found nothing cached already paid everything
+    assert est == [40.0, 48.0, 70.0, 88.0, 85.0, 300.0, 50.0]
