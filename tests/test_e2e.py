@@ -21,6 +21,7 @@ from capcal_integrations import (
 )
 from capcal_integrations.prompts import RANK_ZEPHYR, clean_passage, labels, render
 from capcal_integrations.protocol import chat_messages
+from tests._compare import assert_same_ranking
 
 pytestmark = pytest.mark.e2e
 
@@ -70,10 +71,12 @@ def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(rr):
         assert 0.0 <= s.alpha <= 2.0
 
 
-def test_sync_and_async_give_the_same_order(rr):
+def test_sync_and_async_give_the_same_ranking(rr):
+    # the same flow either way; the server's logprobs drift ~0.01 nat between calls, so orders may
+    # differ only at a near-tie (tests/_compare.py)
     sync = rr.rerank(QUERY, PASSAGES)
     asynchronous = asyncio.run(rr.arerank(QUERY, PASSAGES))
-    assert sync.order == asynchronous.order
+    assert_same_ranking(asynchronous, sync)
 
 
 def test_many(rr):
@@ -81,7 +84,10 @@ def test_many(rr):
     rr = rr.with_options(method="first-token-capcal")
     results = rr.rerank_many(items, concurrency=2)
     assert [sorted(r.order) for r in results] == [list(range(5)), list(range(4))]
-    assert [r.order for r in asyncio.run(rr.arerank_many(items))] == [r.order for r in results]
+    for again, first in zip(asyncio.run(rr.arerank_many(items)), results):
+        # first-token scores are the calibrated first-step scores: equal up to the server's drift
+        assert sorted(again.order) == sorted(first.order)
+        assert max(abs(a - b) for a, b in zip(again.scores, first.scores)) < 0.05
 
 
 def _brute_force_label_probs(client, model, messages, prefix, label_texts):
