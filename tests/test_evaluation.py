@@ -323,3 +323,11 @@ def test_standalone_seconds_charges_the_prefill_others_paid(tmp_path):
     # first-token pays its own prefill; vanilla + 40; capcal + 40 + 8; own empty prompt: + 40 only;
     # psc's prompts are all cold; a run that found nothing cached already paid everything
     assert est == [40.0, 48.0, 70.0, 88.0, 85.0, 300.0, 50.0]
+
+
+def test_eval_command_unreachable_endpoint_is_a_clean_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    status = main(["--data", str(TINY), "--out", str(out), "--methods", "bm25,vanilla", "--no-progress",
+                   "--base-url", "http://127.0.0.1:9/v1", "--timeout", "5"])
+    assert status == 1 and "capcal eval: error:" in capsys.readouterr().err
+    assert (out / "report.md").is_file()

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import CapCalError
+from ..server import ModelError, ServerError
 from .data import Dataset, load_dataset
 from .runner import Group, Runner, needle_jobs, rank_jobs, shuffle_jobs
 from .specs import MethodSpec, parse_specs
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 data=str(pathlib.Path(a.data).resolve()), top=a.top, methods=[s.label for s in specs],
                 bias_methods=[s.label for s in biased], shuffles=a.shuffles, needle_queries=a.needle_queries)
     phases = _phases(dataset, specs, biased, a)
-    failed = 0
+    status = 0
     if not a.report_only:
         needs_model = any(j.spec.uses_model and j.key not in store for _, groups in phases for _, jobs in groups
                           for j in jobs)
@@ -166,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
                     summaries = asyncio.run(run_groups(Runner(store, reranker, progress=not a.no_progress), phases))
             else:
                 summaries = asyncio.run(run_groups(Runner(store, None, progress=not a.no_progress), phases))
-        except CapCalError as err:
+        except (CapCalError, ModelError, ServerError) as err:  # the report still shows what finished
             sys.stderr.write(f"capcal eval: error: {err}\n")
-            return 1
-        failed = sum(len(s.failed) for _, s in summaries)
-        meta["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            status = 1
+        else:
+            status = 1 if any(s.failed for _, s in summaries) else 0
+            meta["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta_path.write_text(json.dumps(meta, indent=2))
     from .report import write_report
 
     report = write_report(out, dataset, store, specs, biased, meta)
     sys.stderr.write(f"capcal eval: wrote {report}\n")
-    return 1 if failed else 0
+    return status
