@@ -277,8 +277,8 @@ def _sliding(caps: Capabilities, opts: Options, query: str, texts: list[str], ca
 def _rank_scores(order: Sequence[int], confidence: Sequence[float]) -> tuple[float, ...]:
     """``(n - r - 1 + c) / n`` for the item at rank ``r``: strictly follows ``order``.
 
-    >>> _rank_scores([2, 0, 1], [0.5, 1.0, 0.25])  # ranks: 2 -> 0, 0 -> 1, 1 -> 2
-    (0.5, 0.3333333333333333, 0.75)
+    >>> _rank_scores([2, 0, 1], [0.5, 1.0, 0.25])  # ranks 2 -> 0, 0 -> 1, 1 -> 2; c is capped at 0.999
+    (0.5, 0.333, 0.75)
     """
     n = len(order)
     scores = [0.0] * n
