@@ -18,12 +18,16 @@ from .errors import (
 from .prompts import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
 from .reranker import CapCalReranker
 from .strategies import METHODS, borda, windows
+from .tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .types import Capabilities, Document, Ranking, Step, Usage
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CapCalReranker",
+    "choose_alpha",
+    "achoose_alpha",
+    "AlphaChoice",
     "Document",
     "Ranking",
     "Step",

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..calibration import calibrate, calibrate_log
 from ..strategies import borda
+from ..tuning import calibrated_order
 from .bias import (
     expected_kl_uniform,
     kendall_tau,
@@ -28,7 +28,7 @@ from .store import Store, record_key
 
 __all__ = ["Quality", "quality", "Bias", "bias", "input_tau", "needle_ranks", "auc", "content_auc", "signal_split",
            "Cost", "cost", "standalone_seconds", "borda_of_shuffles",
-           "first_token_sweep", "run_for"]
+           "first_token_sweep", "run_for", "shuffled_quality"]
 
 
 def run_for(dataset: Dataset, records: Sequence[dict[str, Any]]) -> list[ScoredDoc]:
@@ -66,6 +66,19 @@ def quality(dataset: Dataset, runs: dict[str, Sequence[dict[str, Any]]]) -> Qual
             qids = [r["qid"] for r in recs]
             out.per_query[label] = per_query(dataset.qrels, run_for(dataset, recs), qids, dataset.rel_threshold)
     return out
+
+
+def shuffled_quality(dataset: Dataset, store: Store, key: str, kind: str = "shuffle") -> tuple[float, int]:
+    """Mean nDCG@10 of a method over its shuffled lists (per query the mean over its shuffles, then the
+    mean over queries), and the number of queries: quality when the input order carries no first-stage signal."""
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for rec in store.select(kind, key):
+        by_variant.setdefault(rec["variant"], []).append(rec)
+    by_query: dict[str, list[float]] = {}
+    for variant, recs in by_variant.items():
+        for qid, v in quality(dataset, {variant: recs}).per_query.get(variant, {}).get("nDCG@10", {}).items():
+            by_query.setdefault(qid, []).append(v)
+    return mean([mean(v) for v in by_query.values()]), len(by_query)
 
 
 def borda_of_shuffles(store: Store, key: str, kind: str = "shuffle") -> list[dict[str, Any]]:
@@ -205,17 +218,14 @@ def first_token_sweep(store: Store, key: str, alphas: Sequence[float], *, form: 
     """Re-rank each stored first step offline with other calibration strengths: the first-token-capcal
     ranking is ``argsort`` of ``calibrate(p, q, alpha)``, a pure function of the stored ``p`` and ``q``
     (so a whole alpha curve costs no model call). Returns ``{alpha: rank-like records}``."""
-    fn = calibrate if form == "additive" else calibrate_log
     out: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas}
     for r in store.select(kind, key):
         f = r.get("first_step")
         if not f or f.get("q") is None or len(f["candidates"]) != len(r["input"]):
             continue
         for a in alphas:
-            s = fn(f["p"], f["q"], a)
-            ranked = sorted(range(len(s)), key=lambda j: (-s[j], j))
             out[a].append({"qid": r["qid"], "variant": r.get("variant", ""), "input": r["input"],
-                           "order": [r["input"][f["candidates"][j]] for j in ranked]})
+                           "order": [r["input"][f["candidates"][j]] for j in calibrated_order(f["p"], f["q"], a, form)]})
     return out
 
 

@@ -22,10 +22,11 @@ def _quality_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec]
     runs = {s.label: list(store.select("rank", s.key)) for s in specs}
     vanilla = next((s.label for s in specs if s.key == "vanilla"), None)
     extra = {}
-    if vanilla:  # PSC at no extra cost: Borda over the vanilla rankings of the bias shuffles
-        psc_free = A.borda_of_shuffles(store, "vanilla")
+    for s in (s for s in specs if s.method == "vanilla"):  # PSC at no extra cost: Borda over the bias shuffles
+        psc_free = A.borda_of_shuffles(store, s.key)
         if psc_free:
-            extra[f"psc* (Borda of vanilla's {psc_free[0]['m']} bias shuffles)"] = psc_free
+            extra[f"psc* (Borda of {s.label}'s {psc_free[0]['m']} bias shuffles)"] = psc_free
+            break
     q = A.quality(dataset, {**{k: v for k, v in runs.items() if v}, **extra})
     if not q.per_query:
         out.append("_No reranking finished yet._\n")
@@ -69,7 +70,7 @@ def _quality_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec]
     return q
 
 
-def _bias_section(store: Store, specs: Sequence[MethodSpec], n: int, img: pathlib.Path, prefix: str,
+def _bias_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], n: int, img: pathlib.Path, prefix: str,
                   out: list[str]) -> None:
     found = {s.label: b for s in specs if (b := A.bias(store, s.key, n)) is not None}
     by_query = {r["qid"]: r["prior"] for s in specs if s.calibrated and s.options.get("placeholder") is None
@@ -87,16 +88,19 @@ def _bias_section(store: Store, specs: Sequence[MethodSpec], n: int, img: pathli
     rows = []
     for label, b in found.items():
         total = sum(b.histogram) or 1
+        key = next(s.key for s in specs if s.label == label)
+        ndcg, _ = A.shuffled_quality(dataset, store, key)
         rows.append([f"`{label}`", str(b.lists), str(b.queries), fmt(b.histogram[0] / total, 2),
                      fmt(b.histogram[-1] / total, 2), f"{b.kl:.3f} ({b.kl_noise:.3f})", fmt(b.tau, 3),
-                     fmt(b.tau_input, 3)])
+                     fmt(b.tau_input, 3), fmt(ndcg)])
     out += [table(["method", "lists", "queries", "top-1 from slot 1", f"top-1 from slot {n}",
                    "KL(top-1 slot ‖ uniform) (noise floor)", "mean Kendall τ between shuffles",
-                   "τ(output, input order)"], rows), ""]
+                   "τ(output, input order)", "nDCG@10 on shuffled lists"], rows), ""]
     out.append(f"Each list is a fixed random shuffle of a query's top-{n}. The noise floor is the KL that a ranker "
                "with no position preference would show with this many lists (simulated). τ between shuffles = 1 means "
                "the ranking does not depend on the input order; τ(output, input order) near 1 means the model copies "
-               "the list in the order it was given.\n")
+               "the list in the order it was given. nDCG@10 on shuffled lists: quality when the input order carries no "
+               "first-stage signal (mean over a query's shuffles, then over queries).\n")
     from . import plots
 
     firsts = {label: (b.first_s if any(s.label == label and s.calibrated for s in specs) else b.first_p)
@@ -178,7 +182,7 @@ def sections(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], biased
         out.append("### Where the model has signal\n")
         D.signal_section(store, q, out)
     out.append("### Position bias\n")
-    _bias_section(store, biased, top, img, prefix, out)
+    _bias_section(dataset, store, biased, top, img, prefix, out)
     if any(True for s in biased for r in store.select("shuffle", s.key) if r.get("first_step")):
         out.append("### Content signal at the first step\n")
         D.content_section(dataset, store, biased, out)
