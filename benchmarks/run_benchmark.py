@@ -44,7 +44,8 @@ FIRST_TOKEN = "bm25,first-token,first-token:capcal"
 LISTWISE_BIAS = "vanilla:probability=trie,capcal:probability=trie,capcal:alpha=1.0,probability=trie"
 VARIANTS = ("capcal:alpha=1.0,probability=trie,capcal:calibration=log,alpha=1.0,probability=trie,"
             "capcal:placeholder=,alpha=1.0,probability=trie,capcal:alpha=0.5,probability=trie,"
-            "capcal:alpha=2.0,probability=trie,first-token:capcal,placeholder=")
+            "capcal:alpha=2.0,probability=trie,first-token:capcal,placeholder=,"
+            "vanilla:template=rank_gpt,probability=trie,capcal:template=rank_gpt,alpha=1.0,probability=trie")
 
 
 @dataclass(frozen=True)

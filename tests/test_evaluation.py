@@ -159,6 +159,23 @@ def test_first_token_sweep_reranks_stored_steps(tmp_path):
     assert sweep[1.0][0]["order"] == ["b", "c", "a"]  # p - (q - 1/3) = .233, .433, .333
 
 
+def test_shuffled_quality_averages_shuffles_then_queries(tmp_path):
+    # query 1115776: its one grade-3 passage (8106321) at rank 1 in shuffle 0 (nDCG 1) and rank 2 in
+    # shuffle 1 (1 / log2 3); query 1106007: 1334335 (grade 3) first in its only shuffle (1.0)
+    ds = load_dataset(TINY)
+    others = ["8106323", "4314171", "5605159", "600966"]
+    recs = [{"kind": "shuffle", "method": "m", "qid": "1115776", "variant": "0", "input": ["8106321", *others],
+             "order": ["8106321", *others]},
+            {"kind": "shuffle", "method": "m", "qid": "1115776", "variant": "1", "input": [*others, "8106321"],
+             "order": [others[0], "8106321", *others[1:]]},
+            {"kind": "shuffle", "method": "m", "qid": "1106007", "variant": "0",
+             "input": ["2143418", "1334335", "1530299", "5836920", "7726655"],
+             "order": ["1334335", "2143418", "1530299", "5836920", "7726655"]}]
+    value, queries = analysis.shuffled_quality(ds, _store(tmp_path, recs), "m")
+    assert queries == 2
+    assert value == pytest.approx(((1 + 1 / math.log2(3)) / 2 + 1.0) / 2)
+
+
 # --------------------------------------------------------------------------- metrics and significance
 
 def test_metrics_on_the_fixture_by_hand():
