@@ -25,7 +25,7 @@ import copy
 from typing import Any
 
 try:
-    from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+    from llama_index.core.bridge.pydantic import Field
     from llama_index.core.callbacks import CBEventType, EventPayload
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
@@ -37,86 +37,27 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.prompts import PromptTemplate
-from capcal_integrations.reranker import OPTION_NAMES
+from capcal_integrations.adapter import RerankerSettings
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
 RETRIEVAL_SCORE_KEY = "retrieval_score"
 DETAILS_KEY = "capcal"
-_CONNECTION = ("base_url", "model", "timeout", "max_retries")
 
 dispatcher = get_dispatcher(__name__)
 
 
-class CapCalRerank(BaseNodePostprocessor):
+class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
     """Rerank retrieved nodes with an LLM listwise reranker calibrated against position bias.
 
-    Pass either ``reranker=CapCalReranker(...)`` (its clients and caches are shared) or the
-    connection settings (``base_url``, ``model``, ``api_key``, ``client``, ``async_client``, ...).
-    Ranking options left ``None`` take the core's defaults and are then filled in with the values in
-    force; changing one later (``rerank.method = "vanilla"``) applies from the next call.
+    Options and construction: :class:`~capcal_integrations.adapter.RerankerSettings`.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")  # a misspelt option is an error
-
-    top_n: int | None = Field(5, ge=1, description="Nodes to return, best first; None returns all, reordered.")
     metadata_mode: MetadataMode = Field(MetadataMode.EMBED, description="Which metadata the passage text includes.")
-    base_url: str | None = Field(
-        None, description="OpenAI-compatible endpoint (init only); default $CAPCAL_BASE_URL, then $OPENAI_BASE_URL.")
-    model: str | None = Field(None, description="Served model name (init only); default: the first served.")
-    timeout: float | None = Field(None, description="Request timeout in seconds (init only).")
-    max_retries: int | None = Field(None, description="Retries on 408/409/429/5xx (init only).")
-    method: str | None = Field(None, description="capcal | vanilla | first-token | first-token-capcal | psc.")
-    alpha: float | str | None = Field(
-        None, description="'adaptive' (min(5 H / log|C|, 2)) or a fixed calibration strength.")
-    calibration: str | None = Field(None, description="'additive' (p - alpha (q - 1/|C|)) or 'log'.")
-    placeholder: str | None = Field(None, description="Passage body of the content-free prompt.")
-    template: str | PromptTemplate | None = Field(None, description="'rank_zephyr', 'rank_gpt' or a PromptTemplate.")
-    labels: str | None = Field(None, description="Identifiers: 'numeric' ([1]..) or 'alpha' ([A]..).")
-    probability: str | None = Field(None, description="'joint' (exact label probability) or 'trie' (cheaper).")
-    window: int | None = Field(None, description="Sliding window size for long lists.")
-    stride: int | None = Field(None, description="Sliding window stride.")
-    m: int | None = Field(None, description="Shuffles for method='psc'.")
-    seed: int | None = Field(None, description="Shuffle seed for method='psc'.")
-    max_passage_words: int | None = Field(None, description="Words kept per passage before the token budget.")
-    max_context: int | None = Field(None, description="Context size in tokens; default: what the server reports.")
-    top_logprobs: int | None = Field(None, description="Top-k log-probabilities asked per request.")
-    concurrency: int | None = Field(None, description="Requests in flight at once (async).")
-
-    _reranker: CapCalReranker = PrivateAttr()
-    _last_ranking: Ranking | None = PrivateAttr(default=None)
-
-    def __init__(self, *, reranker: CapCalReranker | None = None, api_key: str | None = None,
-                 client: Any = None, async_client: Any = None, **fields: Any) -> None:
-        super().__init__(**fields)
-        connection = {k: getattr(self, k) for k in _CONNECTION if getattr(self, k) is not None}
-        connection.update((k, v) for k, v in (("api_key", api_key), ("client", client),
-                                              ("async_client", async_client)) if v is not None)
-        if reranker is not None and connection:
-            raise ValueError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
-        options = {k: getattr(self, k) for k in OPTION_NAMES if getattr(self, k) is not None}
-        base = reranker or CapCalReranker(**connection)
-        self._reranker = base.with_options(**options) if options else base
-        self.model = self._reranker.model
-        for name, value in self._reranker.settings().items():  # so the config shows what runs
-            if getattr(self, name) is None:
-                setattr(self, name, value)
 
     @classmethod
     def class_name(cls) -> str:
         return "CapCalRerank"
-
-    @property
-    def reranker(self) -> CapCalReranker:
-        """The core reranker with this postprocessor's current options."""
-        return self._reranker.with_options(**{k: getattr(self, k) for k in OPTION_NAMES})
-
-    @property
-    def last_ranking(self) -> Ranking | None:
-        """The full Ranking of the latest call on this instance (with concurrent queries, read each
-        node's ``metadata["capcal"]`` instead)."""
-        return self._last_ranking
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:

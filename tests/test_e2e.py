@@ -22,17 +22,9 @@ from capcal_integrations import (
 from capcal_integrations.prompts import RANK_ZEPHYR, clean_passage, labels, render
 from capcal_integrations.protocol import chat_messages
 from tests._compare import assert_same_ranking
+from tests._samples import PASSAGES, QUERY
 
 pytestmark = pytest.mark.e2e
-
-QUERY = "how long is the life cycle of a flea"
-PASSAGES = [
-    "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
-    "The flea life cycle from egg to adult takes two weeks to eight months, depending on conditions.",
-    "Bananas are rich in potassium and easy to digest.",
-    "Cats and dogs often carry fleas; treat pets every month.",
-    "The stock market closed higher on Tuesday.",
-]
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,7 @@ import pytest
 from capcal_integrations import AlphaChoice, CapCalReranker, InputError, achoose_alpha, choose_alpha
 from capcal_integrations.tuning import DEFAULT_ALPHAS, _choose, _jobs, calibrated_order, consistency
 from capcal_integrations.types import Ranking, Step, Usage
-
-QUERY = "how long is the life cycle of a flea"
-PASSAGES = [
-    "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
-    "The flea life cycle from egg to adult takes two weeks to eight months, depending on conditions.",
-    "Bananas are rich in potassium and easy to digest.",
-    "Cats and dogs often carry fleas; treat pets every month.",
-    "The stock market closed higher on Tuesday.",
-]
+from tests._samples import PASSAGES, QUERY
 
 
 def _first_step_ranking(p, q):
