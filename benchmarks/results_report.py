@@ -105,7 +105,7 @@ def _versions(results: pathlib.Path) -> str:
                 if rec.get("time"):
                     first = min(first or rec["time"], rec["time"])
                     break
-    return (f"- model: {model}; server: {server} via xllamacpp {xl} (1 CPU thread, 8 slots, prompt cache on)\n"
+    return (f"- model: {model}; server: {server} via xllamacpp {xl} (8 slots, prompt cache on; 1 CPU thread for the first 40 DL19 core queries, 2 threads since)\n"
             f"- machine: {platform.machine()}, 2 CPU cores shared with other jobs (wall times are noisy)\n"
             f"- rerankings started: {first or '–'}; this file generated: "
             f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}")

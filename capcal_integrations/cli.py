@@ -1,6 +1,6 @@
-"""The ``capcal`` command: ``serve``, ``rerank``, ``demo`` and ``eval``.
+"""The ``capcal`` command: ``serve``, ``rerank``, ``tune``, ``demo`` and ``eval``.
 
-With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank`` and ``demo`` reuse a server already
+With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank``, ``tune`` and ``demo`` reuse a server already
 listening on 127.0.0.1:8080 or start the embedded one for the duration of the command.
 """
 
@@ -81,10 +81,10 @@ def _read_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
         for row in rows:
             row.setdefault("passages", row.get("candidates"))
             if not isinstance(row.get("query"), str) or not isinstance(row.get("passages"), list):
-                raise SystemExit(f"capcal rerank: every --input line needs 'query' and 'passages': {str(row)[:120]}")
+                raise SystemExit(f"capcal {args.command}: every --input line needs 'query' and 'passages': {str(row)[:120]}")
         return rows
     if not (args.query and args.passages):
-        raise SystemExit("capcal rerank: give --query and --passages FILE, or --input JSONL")
+        raise SystemExit(f"capcal {args.command}: give --query and --passages FILE, or --input JSONL")
     with open(args.passages, encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f if line.strip()]
     passages = [json.loads(line) if line.lstrip().startswith("{") else line for line in lines]
@@ -109,6 +109,25 @@ def cmd_rerank(args: argparse.Namespace) -> int:
                 record["qid"] = row["qid"]
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
+    return 0
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .tuning import DEFAULT_ALPHAS, choose_alpha
+
+    requests = _read_requests(args)
+    alphas = tuple(float(a) for a in args.alphas.split(",")) if args.alphas else DEFAULT_ALPHAS
+    with endpoint(args.base_url, args.model) as url:
+        rr = _reranker(args, url)
+        _out(f"capcal tune: {len(requests)} lists x {args.shuffles} shuffles, one decoding step each...", sys.stderr)
+        choice = choose_alpha(rr, [(r["query"], r["passages"]) for r in requests], alphas=alphas,
+                              shuffles=args.shuffles, seed=args.seed, form=args.form)
+    _out(json.dumps({"alpha": choice.alpha, "form": choice.form, "tau_by_alpha": choice.curve,
+                     "queries": choice.queries, "shuffles": choice.shuffles, "requests": choice.usage.requests}))
+    _out(f"use: --alpha {choice.alpha:g}" + (" --calibration log" if choice.form == "log" else ""), sys.stderr)
     return 0
 
 
@@ -167,6 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-n", type=int, default=None)
     _add_method_options(p)
 
+    p = sub.add_parser("tune", help="choose alpha without labels: the most shuffle-consistent strength (JSON out)")
+    p.add_argument("--query", help="the query (with --passages)")
+    p.add_argument("--passages", help="file with one passage per line (or JSONL objects with 'text')")
+    p.add_argument("--input", help="JSONL with {'query': ..., 'passages': [...]} per line ('-' for stdin)")
+    p.add_argument("--shuffles", type=int, default=4, help="random orders per list (default 4)")
+    p.add_argument("--alphas", default=None, help="comma-separated strengths to try (default 0,0.25,...,2)")
+    p.add_argument("--form", default=None, choices=("additive", "log"), help="calibration form (default additive)")
+    p.add_argument("--seed", type=int, default=0)
+    _add_method_options(p)
+
     p = sub.add_parser("demo", help="one real query: vanilla vs CapCal, with the empty-prompt prior")
     _add_method_options(p)
 
@@ -188,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
             serve(args.model, args.host, args.port, n_parallel=args.n_parallel)
             return 0
-        return {"rerank": cmd_rerank, "demo": cmd_demo}[args.command](args)
+        return {"rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}[args.command](args)
     except CapCalError as err:
         _out(f"capcal: error: {err}", sys.stderr)
         return 1

@@ -73,3 +73,29 @@ def test_unreachable_endpoint_is_a_clean_error(tmp_path):
     assert done.returncode == 1
     assert "capcal: error:" in done.stderr and "cannot reach" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.e2e
+def test_tune_prints_the_label_free_alpha(server_url, tmp_path):
+    requests = tmp_path / "in.jsonl"
+    rows = [{"query": "how long do fleas live", "passages": ["Fleas live two to three months.", "Bananas are yellow.",
+                                                             "The Eiffel Tower is in Paris.", "Cats carry fleas."]},
+            {"query": "capital of France", "passages": ["Rome is in Italy.", "Paris is the capital of France.",
+                                                        "Fleas bite."]}]
+    requests.write_text("\n".join(json.dumps(r) for r in rows))
+    done = capcal("tune", "--base-url", server_url, "--input", str(requests), "--shuffles", "2", "--alphas", "0,1")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["alpha"] in (0.0, 1.0) and set(result["tau_by_alpha"]) == {"0.0", "1.0"}
+    assert result["tau_by_alpha"][str(result["alpha"])] == max(result["tau_by_alpha"].values())
+    assert (result["queries"], result["shuffles"], result["form"]) == (2, 2, "additive") and result["requests"] >= 8
+    assert f"use: --alpha {result['alpha']:g}" in done.stderr
+
+
+def test_tune_rejects_a_one_passage_list_before_any_request(tmp_path):
+    passages = tmp_path / "p.txt"
+    passages.write_text("only one\n")
+    done = capcal("tune", "--base-url", "http://127.0.0.1:9/v1", "--query", "q", "--passages", str(passages),
+                  timeout=120)
+    assert done.returncode == 1
+    assert "capcal: error:" in done.stderr and "at least 2" in done.stderr and "Traceback" not in done.stderr
