@@ -47,21 +47,26 @@ def _progress(phases, data: pathlib.Path, results: pathlib.Path, top: int) -> tu
             groups = shuffle_jobs(sel.topics, specs, top, p.shuffles)
         else:
             groups = needle_jobs(ds, ds.topics, specs, top, p.queries or 1, p.positions)
-        store = Store(results / p.dataset / "records.jsonl")
+        store = Store(results / _store_of(p) / "records.jsonl")
         jobs = [j for _, js in groups for j in js]
         done = sum(j.key in store for j in jobs)
         queries_done = sum(all(j.key in store for j in js) for _, js in groups)
-        rows.append([p.name, p.dataset, p.kind, f"`{p.methods}`", f"{queries_done}/{len(groups)}",
+        rows.append([p.name, _store_of(p), p.kind, f"`{p.methods}`", f"{queries_done}/{len(groups)}",
                      f"{done}/{len(jobs)}"])
         if done < len(jobs):
             missing.append(f"- `{p.name}`: {len(jobs) - done} of {len(jobs)} rerankings not run yet")
     return table(["phase", "dataset", "kind", "methods", "queries complete", "rerankings done"], rows), missing
 
 
-def _specs_for(phases, dataset: str, kinds: Sequence[str]) -> list[MethodSpec]:
+def _store_of(phase) -> str:
+    """The phase's results folder (``dataset`` or ``dataset@model``)."""
+    return getattr(phase, "store", phase.dataset)
+
+
+def _specs_for(phases, store: str, kinds: Sequence[str]) -> list[MethodSpec]:
     seen: dict[str, MethodSpec] = {}
     for p in phases:
-        if p.dataset == dataset and p.kind in kinds:
+        if _store_of(p) == store and p.kind in kinds:
             for s in parse_specs(p.methods):
                 seen.setdefault(s.key, s)
     return list(seen.values())
@@ -105,7 +110,8 @@ def _versions(results: pathlib.Path) -> str:
                 if rec.get("time"):
                     first = min(first or rec["time"], rec["time"])
                     break
-    return (f"- model: {model}; server: {server} via xllamacpp {xl} (8 slots, prompt cache on; 1 CPU thread for the first 40 DL19 core queries, 2 threads since)\n"
+    return (f"- model: {model}; server: {server} via xllamacpp {xl} (8 slots, prompt cache on; 1 CPU thread for "
+            "the first 40 DL19 core queries, 2 threads since)\n"
             f"- machine: {platform.machine()}, 2 CPU cores shared with other jobs (wall times are noisy)\n"
             f"- rerankings started: {first or '–'}; this file generated: "
             f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}")
@@ -129,11 +135,11 @@ def write_results_md(phases, data: pathlib.Path, results: pathlib.Path, path: pa
     out += ["## Progress\n", progress + "\n"]
     out += ["### Not run yet\n", "\n".join(missing) + "\n"] if missing else ["All phases complete.\n"]
     out += ["## How to reproduce\n", COMMANDS + "\n"]
-    for name in dict.fromkeys(p.dataset for p in phases):
+    for name, dataset in dict.fromkeys((_store_of(p), p.dataset) for p in phases):
         store_path = results / name / "records.jsonl"
         if not store_path.is_file():
             continue
-        ds = load_dataset(data / name)
+        ds = load_dataset(data / dataset)
         ranked = {t.qid for t in ds.topics} & {r["qid"] for r in Store(store_path).select("rank")}
         ds_done = type(ds)(ds.name, tuple(t for t in ds.topics if t.qid in ranked),
                            tuple(q for q in ds.qrels if q.query_id in ranked))

@@ -1,6 +1,7 @@
 """The CapCal benchmark: vanilla vs CapCal vs PSC on the shared data with the embedded Qwen2.5-Coder-0.5B.
 
-One command, resumable (every finished reranking is kept in ``benchmarks/results/<dataset>/records.jsonl``)::
+One command, resumable (every finished reranking is kept in ``benchmarks/results/<dataset>/records.jsonl``,
+or ``<dataset>@<model>/`` for another embedded model than the 0.5B)::
 
     .venv/bin/python benchmarks/run_benchmark.py            # run what is missing, phase by phase
     .venv/bin/python benchmarks/run_benchmark.py --report-only   # only regenerate benchmarks/RESULTS.md
@@ -57,6 +58,12 @@ class Phase:
     queries: int | None = None  # first N queries of the dataset
     shuffles: int = 5
     positions: tuple[int, ...] | None = None
+    model: str = "0.5b"  # the embedded model (capcal_integrations.server.MODELS)
+
+    @property
+    def store(self) -> str:
+        """The results folder: the dataset's name, with ``@model`` for models other than the 0.5B."""
+        return self.dataset if self.model == "0.5b" else f"{self.dataset}@{self.model}"
 
 
 DL19, DL20, SCIFACT = "trec-dl19-passage", "trec-dl20-passage", "beir-scifact-test"
@@ -66,9 +73,11 @@ DL19, DL20, SCIFACT = "trec-dl19-passage", "trec-dl20-passage", "beir-scifact-te
 #: a later phase adds lists for the (one-step) first-token methods only: finished jobs are skipped.
 PHASES = (
     Phase("dl19-core", DL19, "rank", CORE),
-    Phase("dl19-bias", DL19, "shuffle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=8),
+    Phase("dl19-bias", DL19, "shuffle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=6),
     Phase("dl19-needle", DL19, "needle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=2, positions=(1, 4, 8, 12, 16, 20)),
-    Phase("dl19-variants", DL19, "rank", VARIANTS, queries=20),
+    Phase("dl19-variants", DL19, "rank", VARIANTS, queries=12),
+    Phase("dl19-1.5b-core", DL19, "rank", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=12, model="1.5b"),
+    Phase("dl19-1.5b-bias", DL19, "shuffle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=3, shuffles=4, model="1.5b"),
     Phase("dl19-needle-first-token", DL19, "needle", FIRST_TOKEN, queries=2),
     Phase("dl19-variants-rest", DL19, "rank", VARIANTS),
     Phase("dl19-bias-first-token", DL19, "shuffle", FIRST_TOKEN, queries=12),
@@ -91,7 +100,7 @@ def groups_of(phase: Phase):
 
 
 def pending(phase: Phase) -> int:
-    store = Store(RESULTS / phase.dataset / "records.jsonl")
+    store = Store(RESULTS / phase.store / "records.jsonl")
     return sum(1 for _, jobs in groups_of(phase) for j in jobs if j.key not in store)
 
 
@@ -114,7 +123,7 @@ async def run_phases(phases: list[Phase], reranker: CapCalReranker, progress: bo
         if not todo:
             continue
         log.info("phase %s: %d rerankings to do", phase.name, todo)
-        store = Store(RESULTS / phase.dataset / "records.jsonl")
+        store = Store(RESULTS / phase.store / "records.jsonl")
         summary = await Runner(store, reranker, progress=progress).run(groups_of(phase), phase.name)
         log.info("%s: %d done, %d cached, %d failed in %.0f s", phase.name, summary.done, summary.cached,
                  len(summary.failed), summary.seconds)
@@ -126,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8093, help="port of the benchmark's own server (default 8093)")
     ap.add_argument("--threads", type=int, default=1,
                     help="server CPU threads (default 1: on a shared 2-core machine one thread is steadier)")
-    ap.add_argument("--model", default="0.5b", help="embedded model (default 0.5b)")
     ap.add_argument("--phases", default=None, help="comma-separated phase names (default: all, in order)")
     ap.add_argument("--report-only", action="store_true", help="only regenerate benchmarks/RESULTS.md")
     ap.add_argument("--no-progress", action="store_true")
@@ -138,31 +146,43 @@ def main(argv: list[str] | None = None) -> int:
         write_results()
         return 0
     # SIGTERM (kill PID) unwinds like Ctrl-C, so the server started below is stopped too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt, which no retry catches
     chosen = [p for p in PHASES if not a.phases or p.name in a.phases.split(",")]
-    from capcal_integrations.server import EmbeddedServer, find_running
+    runs: list[list[Phase]] = []  # consecutive phases of one model share a server
+    for phase in chosen:
+        if runs and runs[-1][0].model == phase.model:
+            runs[-1].append(phase)
+        else:
+            runs.append([phase])
+    for run in runs:
+        if any(pending(p) for p in run) and not _run_with_server(run, a):
+            return 1
+    write_results()
+    return 0
 
+
+def _run_with_server(phases: list[Phase], a: argparse.Namespace) -> bool:
+    """Run ``phases`` (all of one model) against that model's embedded server; True when done."""
+    from capcal_integrations.server import EmbeddedServer
+
+    model = phases[0].model
     for attempt in range(4):  # a dead server (OOM, crash) is restarted; finished work is kept
         server = None
-        try:
-            url = find_running("127.0.0.1", a.port)
-            if url is None:
-                server = EmbeddedServer(model=a.model, port=a.port, threads=a.threads, startup_timeout=300).start()
-                url = server.base_url
-            log.info("server %s (attempt %d)", url, attempt + 1)
+        try:  # always its own server: one found on the port might serve another model
+            server = EmbeddedServer(model=model, port=a.port, threads=a.threads, startup_timeout=600).start()
+            url = server.base_url
+            log.info("server %s for %s (attempt %d)", url, model, attempt + 1)
             reranker = CapCalReranker(base_url=url, timeout=600)
             reranker.capabilities()  # probed before any timing
-            asyncio.run(run_phases(chosen, reranker, not a.no_progress))
-            write_results()
-            return 0
+            asyncio.run(run_phases(phases, reranker, not a.no_progress))
+            return True
         except CapCalError as err:
             log.error("endpoint failed (%s); restarting the server in 10 s", err)
             time.sleep(10)
         finally:
             if server is not None:
                 server.stop()
-    return 1
-
+    return False
 
 if __name__ == "__main__":
     raise SystemExit(main())
