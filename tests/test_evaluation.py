@@ -174,6 +174,9 @@ def test_shuffled_quality_averages_shuffles_then_queries(tmp_path):
     value, queries = analysis.shuffled_quality(ds, _store(tmp_path, recs), "m")
     assert queries == 2
     assert value == pytest.approx(((1 + 1 / math.log2(3)) / 2 + 1.0) / 2)
+    # the inputs themselves: 8106321 first in shuffle 0 (1), last of 5 in shuffle 1 (1 / log2 6); 1334335 second
+    value, _ = analysis.shuffled_quality(ds, _store(tmp_path, recs), "m", input_order=True)
+    assert value == pytest.approx(((1 + 1 / math.log2(6)) / 2 + 1 / math.log2(3)) / 2)
 
 
 # --------------------------------------------------------------------------- metrics and significance

@@ -68,12 +68,14 @@ def quality(dataset: Dataset, runs: dict[str, Sequence[dict[str, Any]]]) -> Qual
     return out
 
 
-def shuffled_quality(dataset: Dataset, store: Store, key: str, kind: str = "shuffle") -> tuple[float, int]:
+def shuffled_quality(dataset: Dataset, store: Store, key: str, kind: str = "shuffle", *,
+                     input_order: bool = False) -> tuple[float, int]:
     """Mean nDCG@10 of a method over its shuffled lists (per query the mean over its shuffles, then the
-    mean over queries), and the number of queries: quality when the input order carries no first-stage signal."""
+    mean over queries), and the number of queries: quality when the input order carries no first-stage signal.
+    ``input_order=True`` scores the shuffled input lists themselves (the random-order baseline)."""
     by_variant: dict[str, list[dict[str, Any]]] = {}
     for rec in store.select(kind, key):
-        by_variant.setdefault(rec["variant"], []).append(rec)
+        by_variant.setdefault(rec["variant"], []).append({**rec, "order": rec["input"]} if input_order else rec)
     by_query: dict[str, list[float]] = {}
     for variant, recs in by_variant.items():
         for qid, v in quality(dataset, {variant: recs}).per_query.get(variant, {}).get("nDCG@10", {}).items():

@@ -93,6 +93,10 @@ def _bias_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], n
         rows.append([f"`{label}`", str(b.lists), str(b.queries), fmt(b.histogram[0] / total, 2),
                      fmt(b.histogram[-1] / total, 2), f"{b.kl:.3f} ({b.kl_noise:.3f})", fmt(b.tau, 3),
                      fmt(b.tau_input, 3), fmt(ndcg)])
+    first = next(s for s in specs if s.label in found)
+    random_ndcg, _ = A.shuffled_quality(dataset, store, first.key, input_order=True)
+    rows.append(["the shuffled input order itself (random)", str(found[first.label].lists),
+                 str(found[first.label].queries), *["–"] * 5, fmt(random_ndcg)])
     out += [table(["method", "lists", "queries", "top-1 from slot 1", f"top-1 from slot {n}",
                    "KL(top-1 slot ‖ uniform) (noise floor)", "mean Kendall τ between shuffles",
                    "τ(output, input order)", "nDCG@10 on shuffled lists"], rows), ""]
