@@ -126,7 +126,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         choice = choose_alpha(rr, [(r["query"], r["passages"]) for r in requests], alphas=alphas,
                               shuffles=args.shuffles, seed=args.seed, form=args.form)
     _out(json.dumps({"alpha": choice.alpha, "form": choice.form, "tau_by_alpha": choice.curve,
-                     "queries": choice.queries, "shuffles": choice.shuffles, "requests": choice.usage.requests}))
+                     "queries": choice.queries, "shuffles": choice.shuffles, "requests": choice.usage.requests,
+                     "weak": choice.weak}))
     _out(f"use: --alpha {choice.alpha:g}" + (" --calibration log" if choice.form == "log" else ""), sys.stderr)
     return 0
 

@@ -13,6 +13,7 @@ model calls: the calibrated scores are a pure function of the stored distributio
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -30,8 +31,14 @@ if TYPE_CHECKING:
 __all__ = ["AlphaChoice", "DEFAULT_ALPHAS", "order_of_scores", "calibrated_order", "consistency",
            "choose_alpha", "achoose_alpha"]
 
+log = logging.getLogger(__name__)
+
 #: The strengths tried by default (0 = no calibration).
 DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+
+#: Below this best consistency the choice is noise: the model ranks shuffles of a list almost
+#: independently at every strength (no content signal that calibration could reveal).
+WEAK_CONSISTENCY = 0.2
 
 
 def order_of_scores(scores: Sequence[float]) -> list[int]:
@@ -83,10 +90,18 @@ class AlphaChoice:
     shuffles: int
     usage: Usage
 
+    @property
+    def weak(self) -> bool:
+        """True when even the best strength leaves the rankings of a list's shuffles nearly unrelated
+        (best mean tau < :data:`WEAK_CONSISTENCY`): the model shows too little content signal on these
+        lists for any alpha to matter, and the choice is noise."""
+        return max(self.curve.values()) < WEAK_CONSISTENCY
+
     def __str__(self) -> str:
         curve = ", ".join(f"{a:g}: {t:.3f}" for a, t in self.curve.items())
+        warning = "; WEAK: the model barely ranks by content here, the choice is noise" if self.weak else ""
         return (f"alpha={self.alpha:g} ({self.form}; mean tau between shuffles by alpha: {curve}; "
-                f"{self.queries} queries x {self.shuffles} shuffles, {self.usage.requests} requests)")
+                f"{self.queries} queries x {self.shuffles} shuffles, {self.usage.requests} requests{warning})")
 
 
 def _jobs(items: Iterable[tuple[str, Sequence[Any]]], shuffles: int, seed: int, size: int,
@@ -120,7 +135,12 @@ def _choose(jobs: Sequence[tuple[int, list[int], str, list[Any]]], rankings: Seq
     curve = {float(a): math.fsum(consistency(s, a, form) for s in by_query.values()) / len(by_query) for a in alphas}
     best = max(curve.values())
     alpha = min((a for a, t in curve.items() if t >= best - 1e-12), key=lambda a: (abs(a - 1.0), a))
-    return AlphaChoice(alpha, form, curve, len(by_query), shuffles, usage)
+    choice = AlphaChoice(alpha, form, curve, len(by_query), shuffles, usage)
+    if choice.weak:
+        log.warning("choose_alpha: the best mean tau between shuffles is %.3f (< %.1f): the model ranks these lists "
+                    "almost independently of their content, so no alpha helps; consider a larger model", best,
+                    WEAK_CONSISTENCY)
+    return choice
 
 
 def _prepare(reranker: CapCalReranker, items: Iterable[tuple[str, Sequence[Any]]], alphas: Sequence[float],

@@ -37,7 +37,7 @@ def test_choose_maps_slots_back_to_passages():
     jobs = _jobs([("q", ["a", "b", "c", "d"])], shuffles=3, seed=1, size=20)
     rankings = [_first_step_ranking(_biased_model(perm, content, [0, 0, 0, 0]), [0.25] * 4) for _, perm, _, _ in jobs]
     choice = _choose(jobs, rankings, DEFAULT_ALPHAS, "additive", 3)
-    assert set(choice.curve.values()) == {1.0}
+    assert set(choice.curve.values()) == {1.0} and not choice.weak
     assert choice.alpha == 1.0  # ties go to the strength nearest 1
     assert (choice.queries, choice.shuffles, choice.usage.requests) == (1, 3, 6)
 
@@ -54,6 +54,16 @@ def test_choose_finds_the_strength_that_cancels_a_slot_bias():
     assert choice.alpha == 0.5 and choice.curve[0.5] == 1.0
     assert choice.curve[1.0] < 1.0 and choice.curve[4.0] < 1.0  # more overshoots
     assert "alpha=" in str(choice)
+
+
+def test_a_model_without_content_signal_is_flagged(caplog):
+    # the first step depends on the slot only: shuffles of a list rank its passages in unrelated orders
+    jobs = _jobs([("q", list("abcdef"))], shuffles=4, seed=3, size=20)
+    slot_only = [0.4, 0.25, 0.15, 0.1, 0.06, 0.04]
+    rankings = [_first_step_ranking(slot_only, [1 / 6] * 6) for _ in jobs]
+    choice = _choose(jobs, rankings, (0.0, 1.0), "additive", 4)
+    assert choice.weak and "WEAK" in str(choice)
+    assert "no alpha helps" in caplog.text
 
 
 def test_consistency_needs_two_shuffles():
