@@ -179,6 +179,19 @@ def test_shuffled_quality_averages_shuffles_then_queries(tmp_path):
     assert value == pytest.approx(((1 + 1 / math.log2(6)) / 2 + 1 / math.log2(3)) / 2)
 
 
+def test_slot_profile_consistency_removes_a_multiplicative_slot_bias(tmp_path):
+    # p = content (a 3, b 2, c 1) x slot weight (4, 1, 1); a Latin square of shuffles puts every passage in
+    # every slot once, so the mean log p by slot is the slot weight plus a constant and dividing it out
+    # leaves the content: a > b > c in all three lists, although raw p puts whoever is in slot 1 first
+    content, slot = {"a": 3.0, "b": 2.0, "c": 1.0}, [4.0, 1.0, 1.0]
+    recs = []
+    for i, inp in enumerate([["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]):
+        w = [content[d] * slot[k] for k, d in enumerate(inp)]
+        recs.append({"kind": "shuffle", "method": "first-token", "qid": "q", "variant": str(i), "input": inp,
+                     "order": inp, "first_step": {"candidates": [0, 1, 2], "p": [x / sum(w) for x in w], "q": None}})
+    assert analysis.slot_profile_consistency(_store(tmp_path, recs), "first-token") == (1.0, 1)
+
+
 # --------------------------------------------------------------------------- metrics and significance
 
 def test_metrics_on_the_fixture_by_hand():

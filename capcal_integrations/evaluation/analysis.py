@@ -28,7 +28,7 @@ from .store import Store, record_key
 
 __all__ = ["Quality", "quality", "Bias", "bias", "input_tau", "needle_ranks", "auc", "content_auc", "signal_split",
            "Cost", "cost", "standalone_seconds", "borda_of_shuffles",
-           "first_token_sweep", "run_for", "shuffled_quality"]
+           "first_token_sweep", "run_for", "shuffled_quality", "slot_profile_consistency"]
 
 
 def run_for(dataset: Dataset, records: Sequence[dict[str, Any]]) -> list[ScoredDoc]:
@@ -229,6 +229,25 @@ def first_token_sweep(store: Store, key: str, alphas: Sequence[float], *, form: 
             out[a].append({"qid": r["qid"], "variant": r.get("variant", ""), "input": r["input"],
                            "order": [r["input"][f["candidates"][j]] for j in calibrated_order(f["p"], f["q"], a, form)]})
     return out
+
+
+def slot_profile_consistency(store: Store, key: str, kind: str = "shuffle") -> tuple[float, int]:
+    """The best any per-slot correction could do, label-free: rank each shuffled list's first step by
+    ``log p - mean log p of that slot`` (the real prompt's own slot profile, averaged over every stored
+    shuffle, instead of the empty prompt's estimate) and return the mean Kendall tau between a query's
+    shuffles, with the number of queries. Near 0 = no content signal left once the slot is removed."""
+    recs = [r for r in store.select(kind, key) if r.get("first_step") and len(r["first_step"]["p"]) == len(r["input"])]
+    if not recs:
+        return float("nan"), 0
+    logs = [[math.log(max(x, 1e-12)) for x in r["first_step"]["p"]] for r in recs]
+    profile = mean_by_position(logs)
+    by_query: dict[str, list[list[str]]] = {}
+    for r, lp in zip(recs, logs):
+        s = [x - profile[i] for i, x in enumerate(lp)]
+        slots = [r["first_step"]["candidates"][j] for j in sorted(range(len(s)), key=lambda j: (-s[j], j))]
+        by_query.setdefault(r["qid"], []).append([r["input"][i] for i in slots])
+    taus = [mean_pairwise_tau(v) for v in by_query.values() if len(v) >= 2]
+    return (mean(taus) if taus else float("nan")), len(taus)
 
 
 MEASURE_NAMES = tuple(MEASURES)
