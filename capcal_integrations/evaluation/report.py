@@ -31,7 +31,8 @@ def _quality_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec]
     if not q.per_query:
         out.append("_No reranking finished yet._\n")
         return q
-    psc = next((s.label for s in specs if s.method == "psc" and s.label in q.per_query), None)
+    psc = next((s.label for s in specs if s.method == "psc" and s.label in q.per_query),
+               next((label for label in extra if label in q.per_query), None))  # else PSC from the bias shuffles
     bm25 = next((s.label for s in specs if s.key == "bm25" and s.label in q.per_query), None)
     rows = []
     for label in q.per_query:
