@@ -79,6 +79,7 @@ PHASES = (
     Phase("dl19-1.5b-core", DL19, "rank", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=8, model="1.5b"),
     Phase("dl19-1.5b-bias", DL19, "shuffle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=2, shuffles=4, model="1.5b"),
     Phase("dl19-needle-first-token", DL19, "needle", FIRST_TOKEN, queries=2),
+    Phase("dl19-1.5b-core-more", DL19, "rank", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=20, model="1.5b"),
     Phase("dl19-variants-rest", DL19, "rank", VARIANTS),
     Phase("dl19-bias-first-token", DL19, "shuffle", FIRST_TOKEN, queries=12),
     Phase("dl19-psc", DL19, "rank", "psc:m=5", queries=10),
