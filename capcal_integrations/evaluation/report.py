@@ -17,10 +17,15 @@ from .store import Store
 __all__ = ["write_report", "sections"]
 
 
+def _vanilla(specs: Sequence[MethodSpec]) -> MethodSpec | None:
+    """The baseline for the Δ columns: plain ``vanilla``, else the first vanilla variant listed."""
+    return next((s for s in specs if s.key == "vanilla"), next((s for s in specs if s.method == "vanilla"), None))
+
+
 def _quality_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], img: pathlib.Path, prefix: str,
                      out: list[str]) -> A.Quality:
     runs = {s.label: list(store.select("rank", s.key)) for s in specs}
-    vanilla = next((s.label for s in specs if s.key == "vanilla"), None)
+    vanilla = _vanilla(specs).label if _vanilla(specs) else None
     extra = {}
     for s in (s for s in specs if s.method == "vanilla"):  # PSC at no extra cost: Borda over the bias shuffles
         psc_free = A.borda_of_shuffles(store, s.key)
@@ -144,7 +149,7 @@ def _cost_section(store: Store, specs: Sequence[MethodSpec], q: A.Quality, img: 
     costs = {s.label: c for s in specs if s.uses_model and (c := A.cost(store, s.key)) is not None}
     if not costs:
         return
-    van = next((s for s in specs if s.key == "vanilla"), None)
+    van = _vanilla(specs)
     rows = []
     for s in specs:
         c = costs.get(s.label)
