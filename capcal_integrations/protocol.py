@@ -303,19 +303,27 @@ def next_token_logprobs(
 
 
 def _slot(cache: dict[str, dict], messages: Messages, slots: int) -> int:
-    """Pin each prompt to a llama.cpp slot, round robin in order of first use.
+    """Pin each prompt to a llama.cpp slot: a new prompt takes the least recently used slot.
 
     A list of prompts is otherwise spread over idle slots, and every slot that does not hold the
     shared prefix recomputes the whole prompt; pinned, the prompts run one after another in one slot
-    and each costs only its last few tokens. The real and the empty prompt get different slots.
+    and each costs only its last few tokens. Least-recently-used (not round robin) keeps the prompts
+    of one decoding step, the real and the empty one, in different slots even when one of them comes
+    back from an earlier list (the empty prompt is the same for every order of a query's passages):
+    two live prompts sharing a slot would each evict the other at every step.
     """
-    assigned = cache.setdefault("slots", {})
-    if messages not in assigned:
-        if len(assigned) > 4096:
-            assigned.clear()
-        assigned[messages] = cache.setdefault("slot_counter", {"next": 0})["next"] % slots
-        cache["slot_counter"]["next"] += 1
-    return assigned[messages]
+    state = cache.setdefault("slot_state", {"owner": {}, "of": {}, "used": {}, "tick": 0})
+    state["tick"] += 1
+    slot = state["of"].get(messages)
+    if slot is None or state["owner"].get(slot) != messages:
+        slot = min(range(slots), key=lambda s: (state["used"].get(s, 0), s))
+        evicted = state["owner"].get(slot)
+        if evicted is not None:
+            del state["of"][evicted]
+        state["owner"][slot] = messages
+        state["of"][messages] = slot
+    state["used"][slot] = state["tick"]
+    return slot
 
 
 def _prompt_of(answer: Any) -> str:

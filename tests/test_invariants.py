@@ -5,6 +5,7 @@ distributions, injected 5xx and malformed answers); the real-model tests are in 
 """
 
 import asyncio
+import itertools
 import json
 import random
 
@@ -176,6 +177,22 @@ def test_llamacpp_prompts_are_pinned_to_one_slot_each():
     assert set(slot_of) == {"real", "empty"}
     assert all(len(s) == 1 for s in slot_of.values())  # each stream stays in its slot across steps
     assert slot_of["real"] != slot_of["empty"]
+
+
+def test_a_returning_empty_prompt_never_shares_a_slot_with_the_live_real_one():
+    # the empty prompt is the same for every order of a query's passages; with round robin, the real
+    # prompt of a later shuffle landed on the empty prompt's slot and the two evicted each other
+    calls = []
+    rr = reranker(make_handler(calls=calls, slots=4))
+    for shift, order in enumerate(itertools.islice(itertools.permutations([f"p{i}" for i in range(4)]), 6)):
+        calls.clear()
+        rr.rerank("q", list(order))
+        slots = {"real": set(), "empty": set()}
+        for c in calls:
+            body = json.loads(c.content or b"{}")
+            if c.url.path == "/v1/completions" and "id_slot" in body:
+                slots["empty" if "placeholder passage" in body["prompt"][0] else "real"].add(body["id_slot"])
+        assert len(slots["real"]) == len(slots["empty"]) == 1 and slots["real"] != slots["empty"], (shift, slots)
 
 
 def test_bad_input_is_rejected_before_any_request():
