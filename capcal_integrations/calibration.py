@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log"]
+__all__ = ["normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log", "calibrated",
+           "order_of_scores"]
 
 #: The released rule ``alpha_k = min(BETA * H_k / log|C_k|, CAP)``.
 ADAPTIVE_BETA = 5.0
@@ -90,3 +91,21 @@ def calibrate_log(p: Sequence[float], q: Sequence[float], alpha: float) -> list[
         raise ValueError(f"p and q differ in length ({len(p)} != {len(q)})")
     floor = 1e-12
     return normalise_logprobs([math.log(max(pi, floor)) - alpha * math.log(max(qi, floor)) for pi, qi in zip(p, q)])
+
+
+def calibrated(p: Sequence[float], q: Sequence[float], alpha: float, form: str = "additive") -> list[float]:
+    """:func:`calibrate` (``form="additive"``) or :func:`calibrate_log` (``form="log"``)."""
+    if form == "additive":
+        return calibrate(p, q, alpha)
+    if form == "log":
+        return calibrate_log(p, q, alpha)
+    raise ValueError(f"form must be 'additive' or 'log', got {form!r}")
+
+
+def order_of_scores(scores: Sequence[float]) -> list[int]:
+    """Indices by descending score; ties keep the earlier index first.
+
+    >>> order_of_scores([0.1, 0.5, 0.2, 0.5])
+    [1, 3, 2, 0]
+    """
+    return sorted(range(len(scores)), key=lambda j: (-scores[j], j))

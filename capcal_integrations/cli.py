@@ -69,6 +69,13 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=10)
 
 
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """The lists to work on, read by :func:`_read_requests`."""
+    p.add_argument("--query", help="the query (with --passages)")
+    p.add_argument("--passages", help="file with one passage per line (or JSONL objects with 'text')")
+    p.add_argument("--input", help="JSONL with {'query': ..., 'passages': [...]} per line ('-' for stdin)")
+
+
 # --------------------------------------------------------------------------- rerank
 
 
@@ -180,17 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-parallel", type=int, default=8, help="server slots (real and empty prompts keep one each)")
 
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
-    p.add_argument("--query", help="the query (with --passages)")
-    p.add_argument("--passages", help="file with one passage per line (or JSONL objects with 'text')")
-    p.add_argument("--input", help="JSONL with {'query': ..., 'passages': [...]} per line ('-' for stdin)")
+    _add_input_options(p)
     p.add_argument("--output", help="write JSONL here instead of stdout")
     p.add_argument("--top-n", type=int, default=None)
     _add_method_options(p)
 
     p = sub.add_parser("tune", help="choose alpha without labels: the most shuffle-consistent strength (JSON out)")
-    p.add_argument("--query", help="the query (with --passages)")
-    p.add_argument("--passages", help="file with one passage per line (or JSONL objects with 'text')")
-    p.add_argument("--input", help="JSONL with {'query': ..., 'passages': [...]} per line ('-' for stdin)")
+    _add_input_options(p)
     p.add_argument("--shuffles", type=int, default=4, help="random orders per list (default 4)")
     p.add_argument("--alphas", default=None, help="comma-separated strengths to try (default 0,0.25,...,2)")
     p.add_argument("--form", default=None, choices=("additive", "log"), help="calibration form (default additive)")

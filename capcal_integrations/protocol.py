@@ -312,16 +312,12 @@ def _slot(cache: dict[str, dict], messages: Messages, slots: int) -> int:
     back from an earlier list (the empty prompt is the same for every order of a query's passages):
     two live prompts sharing a slot would each evict the other at every step.
     """
-    state = cache.setdefault("slot_state", {"owner": {}, "of": {}, "used": {}, "tick": 0})
+    state = cache.setdefault("slot_state", {"owner": {}, "used": {}, "tick": 0})  # slot -> prompt, last use
     state["tick"] += 1
-    slot = state["of"].get(messages)
-    if slot is None or state["owner"].get(slot) != messages:
+    slot = next((s for s, owner in state["owner"].items() if owner == messages), None)
+    if slot is None:
         slot = min(range(slots), key=lambda s: (state["used"].get(s, 0), s))
-        evicted = state["owner"].get(slot)
-        if evicted is not None:
-            del state["of"][evicted]
         state["owner"][slot] = messages
-        state["of"][messages] = slot
     state["used"][slot] = state["tick"]
     return slot
 

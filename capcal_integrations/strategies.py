@@ -17,7 +17,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from .calibration import adaptive_alpha, calibrate, calibrate_log, entropy, normalise_logprobs
+from .calibration import adaptive_alpha, calibrated, entropy, normalise_logprobs, order_of_scores
 from .errors import InputError
 from .labels import label_logprobs
 from .prompts import DEFAULT_PLACEHOLDER, RANK_ZEPHYR, PromptTemplate, clean_passage, labels, passage_text, render
@@ -174,13 +174,13 @@ def _rank_window(caps: Capabilities, opts: Options, query: str, texts: list[str]
         s = p
         if q is not None:
             alpha = adaptive_alpha(p) if opts.alpha == "adaptive" else float(opts.alpha)
-            s = calibrate(p, q, alpha) if opts.calibration == "additive" else calibrate_log(p, q, alpha)
+            s = calibrated(p, q, alpha, opts.calibration)
             if prior is None:
                 prior = tuple(q)
         bounds += sum(x.upper_bounds for x in scored)
         share = _shares(s)
         if first_only:
-            ranked = sorted(range(len(remaining)), key=lambda j: (-s[j], j))
+            ranked = order_of_scores(s)
             steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(p),
                               remaining[ranked[0]], upper_bounds=bounds))
             return _Window([remaining[j] for j in ranked], share, steps, prior, bounds)

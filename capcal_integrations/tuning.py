@@ -6,9 +6,6 @@ both streams (the ``first-token-capcal`` method: one real and one content-free p
 then pick the ``alpha`` whose calibrated first-step rankings agree most across the shuffles (mean
 pairwise Kendall tau). No relevance labels are needed, and the whole alpha curve comes from the same
 model calls: the calibrated scores are a pure function of the stored distributions ``p`` and ``q``.
-
->>> order_of_scores([0.1, 0.5, 0.2])
-[1, 2, 0]
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .calibration import calibrate, calibrate_log
+from .calibration import calibrated, order_of_scores
 from .errors import InputError
 from .evaluation.bias import mean_pairwise_tau
 from .types import Ranking, Usage
@@ -28,7 +25,7 @@ from .types import Ranking, Usage
 if TYPE_CHECKING:
     from .reranker import CapCalReranker
 
-__all__ = ["AlphaChoice", "DEFAULT_ALPHAS", "order_of_scores", "calibrated_order", "consistency",
+__all__ = ["AlphaChoice", "DEFAULT_ALPHAS", "calibrated_order", "consistency",
            "choose_alpha", "achoose_alpha"]
 
 log = logging.getLogger(__name__)
@@ -41,13 +38,8 @@ DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 WEAK_CONSISTENCY = 0.2
 
 
-def order_of_scores(scores: Sequence[float]) -> list[int]:
-    """Indices by descending score; ties keep the earlier index first."""
-    return sorted(range(len(scores)), key=lambda j: (-scores[j], j))
-
-
 def calibrated_order(p: Sequence[float], q: Sequence[float], alpha: float, form: str = "additive") -> list[int]:
-    """The first-token-capcal ranking (indices into ``p``) for one strength, by the additive
+    """The first-token-capcal ranking (indices into ``p``, as the engine orders it) for one strength, by the additive
     (``p - alpha (q - 1/n)``) or the log (``log p - alpha log q``) form.
 
     >>> calibrated_order([0.5, 0.3, 0.2], [0.8, 0.1, 0.1], 0.0), calibrated_order([0.5, 0.3, 0.2], [0.8, 0.1, 0.1], 1.0)
@@ -55,7 +47,7 @@ def calibrated_order(p: Sequence[float], q: Sequence[float], alpha: float, form:
     """
     if form not in ("additive", "log"):
         raise InputError(f"form must be 'additive' or 'log', got {form!r}")
-    return order_of_scores((calibrate if form == "additive" else calibrate_log)(p, q, alpha))
+    return order_of_scores(calibrated(p, q, alpha, form))
 
 
 def consistency(shuffles: Sequence[tuple[Sequence[int], Sequence[float], Sequence[float]]], alpha: float,

@@ -14,6 +14,13 @@ def capcal(*args, timeout=600):
                           timeout=timeout)
 
 
+def assert_clean_error(done, fragment):
+    """Exit 1 with a one-line ``capcal: error: ...`` naming ``fragment``, and no traceback."""
+    assert done.returncode == 1
+    assert "capcal: error:" in done.stderr and fragment in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_parser_knows_every_subcommand():
     parser = build_parser()
     assert parser.parse_args(["serve"]).port == 8080
@@ -70,9 +77,7 @@ def test_unreachable_endpoint_is_a_clean_error(tmp_path):
     passages.write_text("a\nb\n")
     done = capcal("rerank", "--base-url", "http://127.0.0.1:9/v1", "--query", "q", "--passages", str(passages),
                   timeout=120)
-    assert done.returncode == 1
-    assert "capcal: error:" in done.stderr and "cannot reach" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert_clean_error(done, "cannot reach")
 
 
 @pytest.mark.e2e
@@ -97,5 +102,4 @@ def test_tune_rejects_a_one_passage_list_before_any_request(tmp_path):
     passages.write_text("only one\n")
     done = capcal("tune", "--base-url", "http://127.0.0.1:9/v1", "--query", "q", "--passages", str(passages),
                   timeout=120)
-    assert done.returncode == 1
-    assert "capcal: error:" in done.stderr and "at least 2" in done.stderr and "Traceback" not in done.stderr
+    assert_clean_error(done, "at least 2")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..calibration import order_of_scores
 from ..strategies import borda
 from ..tuning import calibrated_order
 from .bias import (
@@ -28,7 +29,8 @@ from .store import Store, record_key
 
 __all__ = ["Quality", "quality", "Bias", "bias", "input_tau", "needle_ranks", "auc", "content_auc", "signal_split",
            "Cost", "cost", "standalone_seconds", "borda_of_shuffles",
-           "first_token_sweep", "run_for", "shuffled_quality", "slot_profile_consistency"]
+           "first_token_sweep", "run_for", "shuffled_quality", "slot_profile_consistency",
+           "consistency_over_queries"]
 
 
 def run_for(dataset: Dataset, records: Sequence[dict[str, Any]]) -> list[ScoredDoc]:
@@ -130,14 +132,21 @@ def bias(store: Store, key: str, n: int, kind: str = "shuffle") -> Bias | None:
         return None
     positions = [r["input"].index(r["order"][0]) + 1 for r in recs]
     hist = position_histogram(positions, n)
-    by_query: dict[str, list[list[str]]] = {}
-    for r in recs:
+    tau, _ = consistency_over_queries(recs)
+    queries = len({r["qid"] for r in recs})
+    firsts = [r["first_step"] for r in recs if r.get("first_step") and len(r["first_step"]["p"]) == n]
+    return Bias(len(recs), queries, hist, kl_from_uniform(hist), expected_kl_uniform(len(recs), n), tau, input_tau(recs),
+                mean_by_position(f["p"] for f in firsts), mean_by_position(_shares(f["s"]) for f in firsts))
+
+
+def consistency_over_queries(records: Sequence[dict[str, Any]]) -> tuple[float, int]:
+    """Mean over queries of the mean pairwise Kendall tau between the orders of a query's lists (records with
+    ``qid`` and ``order``; queries with fewer than two lists are left out), and how many queries counted."""
+    by_query: dict[str, list[Sequence[str]]] = {}
+    for r in records:
         by_query.setdefault(r["qid"], []).append(r["order"])
     taus = [mean_pairwise_tau(orders) for orders in by_query.values() if len(orders) >= 2]
-    firsts = [r["first_step"] for r in recs if r.get("first_step") and len(r["first_step"]["p"]) == n]
-    return Bias(len(recs), len(by_query), hist, kl_from_uniform(hist), expected_kl_uniform(len(recs), n),
-                mean(taus) if taus else float("nan"), input_tau(recs),
-                mean_by_position(f["p"] for f in firsts), mean_by_position(_shares(f["s"]) for f in firsts))
+    return (mean(taus) if taus else float("nan")), len(taus)
 
 
 def input_tau(records: Sequence[dict[str, Any]]) -> float:
@@ -241,13 +250,11 @@ def slot_profile_consistency(store: Store, key: str, kind: str = "shuffle") -> t
         return float("nan"), 0
     logs = [[math.log(max(x, 1e-12)) for x in r["first_step"]["p"]] for r in recs]
     profile = mean_by_position(logs)
-    by_query: dict[str, list[list[str]]] = {}
+    ranked = []
     for r, lp in zip(recs, logs):
-        s = [x - profile[i] for i, x in enumerate(lp)]
-        slots = [r["first_step"]["candidates"][j] for j in sorted(range(len(s)), key=lambda j: (-s[j], j))]
-        by_query.setdefault(r["qid"], []).append([r["input"][i] for i in slots])
-    taus = [mean_pairwise_tau(v) for v in by_query.values() if len(v) >= 2]
-    return (mean(taus) if taus else float("nan")), len(taus)
+        slots = [r["first_step"]["candidates"][j] for j in order_of_scores([x - profile[i] for i, x in enumerate(lp)])]
+        ranked.append({"qid": r["qid"], "order": [r["input"][i] for i in slots]})
+    return consistency_over_queries(ranked)
 
 
 MEASURE_NAMES = tuple(MEASURES)

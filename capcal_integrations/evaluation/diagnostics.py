@@ -80,13 +80,7 @@ def sweep_section(dataset: Dataset, store: Store, out: list[str]) -> None:
         if not any(ranked.values()):
             return
         q = A.quality(dataset, {f"{a}": recs for a, recs in ranked.items()})
-        taus = {}
-        for a, recs in shuffled.items():
-            by_q: dict[str, list[list[str]]] = {}
-            for r in recs:
-                by_q.setdefault(r["qid"], []).append(r["order"])
-            vals = [A.mean_pairwise_tau(v) for v in by_q.values() if len(v) >= 2]
-            taus[a] = sum(vals) / len(vals) if vals else float("nan")
+        taus = {a: A.consistency_over_queries(recs)[0] for a, recs in shuffled.items()}
         best = max(taus, key=lambda a: (taus[a] if not math.isnan(taus[a]) else -9, -a)) if taus else None
         for a in ALPHA_GRID:
             mark = " ← label-free choice" if best == a and not math.isnan(taus.get(a, float("nan"))) else ""

@@ -25,7 +25,8 @@ def _vanilla(specs: Sequence[MethodSpec]) -> MethodSpec | None:
 def _quality_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], img: pathlib.Path, prefix: str,
                      out: list[str]) -> A.Quality:
     runs = {s.label: list(store.select("rank", s.key)) for s in specs}
-    vanilla = _vanilla(specs).label if _vanilla(specs) else None
+    baseline = _vanilla(specs)
+    vanilla = baseline.label if baseline else None
     extra = {}
     for s in (s for s in specs if s.method == "vanilla"):  # PSC at no extra cost: Borda over the bias shuffles
         psc_free = A.borda_of_shuffles(store, s.key)
@@ -78,7 +79,7 @@ def _quality_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec]
 
 def _bias_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], n: int, img: pathlib.Path, prefix: str,
                   out: list[str]) -> None:
-    found = {s.label: b for s in specs if (b := A.bias(store, s.key, n)) is not None}
+    found = {s.label: (s, b) for s in specs if (b := A.bias(store, s.key, n)) is not None}
     by_query = {r["qid"]: r["prior"] for s in specs if s.calibrated and s.options.get("placeholder") is None
                 for r in store.select("rank", s.key) if r.get("prior") and len(r["prior"]) == n}
     priors = list(by_query.values())  # one per query: every calibrated method sees the same empty prompt
@@ -92,17 +93,16 @@ def _bias_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], n
         out.append("_No shuffle runs yet._\n")
         return
     rows = []
-    for label, b in found.items():
+    for label, (spec, b) in found.items():
         total = sum(b.histogram) or 1
-        key = next(s.key for s in specs if s.label == label)
-        ndcg, _ = A.shuffled_quality(dataset, store, key)
+        ndcg, _ = A.shuffled_quality(dataset, store, spec.key)
         rows.append([f"`{label}`", str(b.lists), str(b.queries), fmt(b.histogram[0] / total, 2),
                      fmt(b.histogram[-1] / total, 2), f"{b.kl:.3f} ({b.kl_noise:.3f})", fmt(b.tau, 3),
                      fmt(b.tau_input, 3), fmt(ndcg)])
-    first = next(s for s in specs if s.label in found)
+    first, first_bias = next(iter(found.values()))
     random_ndcg, _ = A.shuffled_quality(dataset, store, first.key, input_order=True)
-    rows.append(["the shuffled input order itself (random)", str(found[first.label].lists),
-                 str(found[first.label].queries), *["–"] * 5, fmt(random_ndcg)])
+    rows.append(["the shuffled input order itself (random)", str(first_bias.lists), str(first_bias.queries),
+                 *["–"] * 5, fmt(random_ndcg)])
     out += [table(["method", "lists", "queries", "top-1 from slot 1", f"top-1 from slot {n}",
                    "KL(top-1 slot ‖ uniform) (noise floor)", "mean Kendall τ between shuffles",
                    "τ(output, input order)", "nDCG@10 on shuffled lists"], rows), ""]
@@ -113,9 +113,8 @@ def _bias_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec], n
                "first-stage signal (mean over a query's shuffles, then over queries).\n")
     from . import plots
 
-    firsts = {label: (b.first_s if any(s.label == label and s.calibrated for s in specs) else b.first_p)
-              for label, b in found.items() if b.first_p}
-    histograms = {k: b.histogram for k, b in found.items() if k != "bm25"}
+    firsts = {label: (b.first_s if spec.calibrated else b.first_p) for label, (spec, b) in found.items() if b.first_p}
+    histograms = {label: b.histogram for label, (_, b) in found.items() if label != "bm25"}
     plots.top1_plot(histograms, firsts, prior, img / "top1_positions.png")
     out.append(f"![top-1 positions]({prefix}top1_positions.png)\n")
 
