@@ -13,11 +13,16 @@ from .errors import (
     EndpointTimeout,
     EndpointUnreachable,
     InputError,
+    MissingExtra,
+    ModelError,
     ResponseError,
+    ServerError,
+    SetupError,
 )
+from .options import METHODS, Options
+from .orders import borda, kendall_tau, windows
 from .prompts import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
 from .reranker import CapCalReranker
-from .strategies import METHODS, borda, windows
 from .tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .types import Capabilities, Document, Ranking, Step, Usage
 
@@ -33,6 +38,7 @@ __all__ = [
     "Step",
     "Usage",
     "Capabilities",
+    "Options",
     "PromptTemplate",
     "RANK_ZEPHYR",
     "RANK_GPT",
@@ -40,6 +46,7 @@ __all__ = [
     "METHODS",
     "windows",
     "borda",
+    "kendall_tau",
     "calibrate",
     "calibrate_log",
     "adaptive_alpha",
@@ -51,4 +58,8 @@ __all__ = [
     "EndpointTimeout",
     "EndpointUnreachable",
     "ResponseError",
+    "MissingExtra",
+    "SetupError",
+    "ModelError",
+    "ServerError",
 ]

@@ -1,18 +1,22 @@
 """What the framework adapters share: their pydantic settings and how they build the core reranker.
 
 ``llamaindex_ext.CapCalRerank`` and ``langchain_ext.CapCalRerank`` both inherit :class:`RerankerSettings`
-(before the framework's base class), so a new option of :class:`~capcal_integrations.CapCalReranker`
-is declared once here. pydantic comes with ``openai``.
+(before the framework's base class). Its ranking fields are generated from
+:class:`~capcal_integrations.options.Options`, so a new option of the core appears in both adapters
+with its documentation. pydantic comes with ``openai``.
 """
 
 from __future__ import annotations
 
+import typing
+from dataclasses import fields
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, create_model
 
-from .prompts import PromptTemplate
-from .reranker import OPTION_NAMES, CapCalReranker
+from .errors import InputError
+from .options import OPTION_NAMES, Options
+from .reranker import CapCalReranker
 from .types import Ranking
 
 __all__ = ["RerankerSettings"]
@@ -20,7 +24,17 @@ __all__ = ["RerankerSettings"]
 _CONNECTION = ("base_url", "model", "timeout", "max_retries")
 
 
-class RerankerSettings(BaseModel):
+def _option_fields() -> dict[str, Any]:
+    hints = typing.get_type_hints(Options)
+    return {f.name: ((f.metadata["accepts"] or hints[f.name]) | None, Field(None, description=f.metadata["doc"]))
+            for f in fields(Options)}
+
+
+_RankingOptions = create_model("_RankingOptions", __config__=ConfigDict(arbitrary_types_allowed=True),
+                               **_option_fields())
+
+
+class RerankerSettings(_RankingOptions):
     """The options of an adapter: ``top_n``, the connection (init only) and every ranking option.
 
     Pass either ``reranker=CapCalReranker(...)`` (its clients and caches are shared) or the
@@ -37,22 +51,6 @@ class RerankerSettings(BaseModel):
     model: str | None = Field(None, description="Served model name (init only); default: the first served.")
     timeout: float | None = Field(None, description="Request timeout in seconds (init only).")
     max_retries: int | None = Field(None, description="Retries on 408/409/429/5xx (init only).")
-    method: str | None = Field(None, description="capcal | vanilla | first-token | first-token-capcal | psc.")
-    alpha: float | str | None = Field(
-        None, description="'adaptive' (min(5 H / log|C|, 2)) or a fixed calibration strength.")
-    calibration: str | None = Field(None, description="'additive' (p - alpha (q - 1/|C|)) or 'log'.")
-    placeholder: str | None = Field(None, description="Passage body of the content-free prompt.")
-    template: str | PromptTemplate | None = Field(None, description="'rank_zephyr', 'rank_gpt' or a PromptTemplate.")
-    labels: str | None = Field(None, description="Identifiers: 'numeric' ([1]..) or 'alpha' ([A]..).")
-    probability: str | None = Field(None, description="'joint' (exact label probability) or 'trie' (cheaper).")
-    window: int | None = Field(None, description="Sliding window size for long lists.")
-    stride: int | None = Field(None, description="Sliding window stride.")
-    m: int | None = Field(None, description="Shuffles for method='psc'.")
-    seed: int | None = Field(None, description="Shuffle seed for method='psc'.")
-    max_passage_words: int | None = Field(None, description="Words kept per passage before the token budget.")
-    max_context: int | None = Field(None, description="Context size in tokens; default: what the server reports.")
-    top_logprobs: int | None = Field(None, description="Top-k log-probabilities asked per request.")
-    concurrency: int | None = Field(None, description="Requests in flight at once (async).")
 
     _reranker: CapCalReranker = PrivateAttr()
     _last_ranking: Ranking | None = PrivateAttr(default=None)
@@ -64,7 +62,7 @@ class RerankerSettings(BaseModel):
         connection.update((k, v) for k, v in (("api_key", api_key), ("client", client),
                                               ("async_client", async_client)) if v is not None)
         if reranker is not None and connection:
-            raise ValueError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
+            raise InputError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
         options = {k: getattr(self, k) for k in OPTION_NAMES if getattr(self, k) is not None}
         base = reranker or CapCalReranker(**connection)
         self._reranker = base.with_options(**options) if options else base

@@ -9,8 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log", "calibrated",
-           "order_of_scores"]
+from .errors import InputError
+
+__all__ = ["FORMS", "normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log",
+           "calibrated", "shares"]
+
+#: The calibration forms: the paper's additive correction and the log-space (contextual calibration) one.
+FORMS = ("additive", "log")
 
 #: The released rule ``alpha_k = min(BETA * H_k / log|C_k|, CAP)``.
 ADAPTIVE_BETA = 5.0
@@ -99,13 +104,16 @@ def calibrated(p: Sequence[float], q: Sequence[float], alpha: float, form: str =
         return calibrate(p, q, alpha)
     if form == "log":
         return calibrate_log(p, q, alpha)
-    raise ValueError(f"form must be 'additive' or 'log', got {form!r}")
+    raise InputError(f"calibration form must be one of {', '.join(FORMS)}, got {form!r}")
 
 
-def order_of_scores(scores: Sequence[float]) -> list[int]:
-    """Indices by descending score; ties keep the earlier index first.
+def shares(scores: Sequence[float]) -> list[float]:
+    """Calibrated scores clipped at zero and renormalised (uniform if none is positive): the share of
+    the chosen candidate is its confidence.
 
-    >>> order_of_scores([0.1, 0.5, 0.2, 0.5])
-    [1, 3, 2, 0]
+    >>> shares([0.5, -0.2, 0.5]), shares([-1.0, -1.0])
+    ([0.5, 0.0, 0.5], [0.5, 0.5])
     """
-    return sorted(range(len(scores)), key=lambda j: (-scores[j], j))
+    clipped = [max(x, 0.0) for x in scores]
+    total = math.fsum(clipped)
+    return [x / total for x in clipped] if total > 0 else [1.0 / len(scores)] * len(scores)

@@ -10,16 +10,16 @@ import argparse
 import contextlib
 import json
 import logging
-import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
 from importlib import resources
 from typing import Any, TextIO
 
-from .errors import CapCalError
+from .errors import CapCalError, InputError, SetupError
+from .options import add_option_flags, options_from_args
 from .reranker import CapCalReranker
-from .strategies import METHODS
 
 log = logging.getLogger("capcal")
 
@@ -28,45 +28,22 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
     (stream or sys.stdout).write(text + "\n")
 
 
-@contextlib.contextmanager
-def endpoint(base_url: str | None, model: str) -> Iterator[str]:
-    """An endpoint to talk to: the one given, one already on 127.0.0.1:8080, or a fresh embedded one."""
-    base_url = base_url or os.environ.get("CAPCAL_BASE_URL")
-    if base_url:
-        yield base_url
-        return
-    from .server import EmbeddedServer, find_running
-
-    running = find_running("127.0.0.1", 8080)
-    if running:
-        log.info("using the server already running at %s", running)
-        yield running
-        return
-    _out(f"capcal: starting the embedded {model} model server (no --base-url given)...", sys.stderr)
-    with EmbeddedServer(model=model) as server:
-        yield server.base_url
+def _reranker(args: argparse.Namespace, base_url: str, model: str | None) -> CapCalReranker:
+    return CapCalReranker(base_url=base_url, model=args.model_name or model, **options_from_args(args))
 
 
-def _reranker(args: argparse.Namespace, base_url: str, **overrides: Any) -> CapCalReranker:
-    alpha: float | str = args.alpha if args.alpha == "adaptive" else float(args.alpha)
-    options = dict(base_url=base_url, model=args.model_name, method=args.method, alpha=alpha,
-                   probability=args.probability, window=args.window, stride=args.stride)
-    if args.placeholder is not None:
-        options["placeholder"] = args.placeholder
-    options.update(overrides)
-    return CapCalReranker(**options)
+def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[tuple[str, str | None]]:
+    from .server import endpoint
+
+    return endpoint(args.base_url, args.model)
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 (default: embedded)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 (default: "
+                                      "$CAPCAL_BASE_URL, a server already on 127.0.0.1:8080, else the embedded one)")
     p.add_argument("--model", default="0.5b", help="embedded model to start when no endpoint is given (0.5b, 1.5b, smollm2)")
     p.add_argument("--model-name", default=None, help="model name to send to the endpoint (default: the first it lists)")
-    p.add_argument("--method", default="capcal", choices=METHODS)
-    p.add_argument("--alpha", default="adaptive", help="'adaptive' (default) or a fixed strength such as 1.0")
-    p.add_argument("--placeholder", default=None, help="body of the content-free passages (default: the paper's)")
-    p.add_argument("--probability", default="joint", choices=("joint", "trie"))
-    p.add_argument("--window", type=int, default=20)
-    p.add_argument("--stride", type=int, default=10)
+    add_option_flags(p)
 
 
 def _add_input_options(p: argparse.ArgumentParser) -> None:
@@ -84,18 +61,35 @@ def _read_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
     JSONL with ``{"query": ..., "passages": [...]}`` (``candidates`` also accepted) per line."""
     if args.input:
         with open(args.input, encoding="utf-8") if args.input != "-" else contextlib.nullcontext(sys.stdin) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+            rows = [_json(line, args.input) for line in f if line.strip()]
         for row in rows:
             row.setdefault("passages", row.get("candidates"))
             if not isinstance(row.get("query"), str) or not isinstance(row.get("passages"), list):
-                raise SystemExit(f"capcal {args.command}: every --input line needs 'query' and 'passages': {str(row)[:120]}")
+                raise InputError(f"every --input line needs 'query' and 'passages': {str(row)[:120]}")
         return rows
     if not (args.query and args.passages):
-        raise SystemExit(f"capcal {args.command}: give --query and --passages FILE, or --input JSONL")
+        raise InputError("give --query and --passages FILE, or --input JSONL")
     with open(args.passages, encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f if line.strip()]
-    passages = [json.loads(line) if line.lstrip().startswith("{") else line for line in lines]
+    passages = [_json(line, args.passages) if line.lstrip().startswith("{") else line for line in lines]
     return [{"query": args.query, "passages": passages}]
+
+
+def _json(line: str, source: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as err:
+        raise InputError(f"{source}: not a JSON line ({err}): {line[:80]!r}") from None
+
+
+def _alphas(text: str) -> tuple[float, ...]:
+    try:
+        alphas = tuple(float(a) for a in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if any(a < 0 for a in alphas):
+        raise argparse.ArgumentTypeError(f"strengths must be >= 0, got {text!r}")
+    return alphas
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:
@@ -103,9 +97,9 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 
     requests = _read_requests(args)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    with endpoint(args.base_url, args.model) as url, out:
-        rr = _reranker(args, url)
-        for row in tqdm(requests, desc=f"rerank ({args.method})", unit="query", disable=len(requests) < 2 and None):
+    with _endpoint(args) as (url, model), out:
+        rr = _reranker(args, url, model)
+        for row in tqdm(requests, desc=f"rerank ({rr.method})", unit="query", disable=len(requests) < 2 and None):
             ranking = rr.rerank(row["query"], row["passages"])
             ranked = [{"index": i, "score": ranking.scores[i], "passage": row["passages"][i]} for i in ranking.order]
             if args.top_n:
@@ -126,12 +120,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tuning import DEFAULT_ALPHAS, choose_alpha
 
     requests = _read_requests(args)
-    alphas = tuple(float(a) for a in args.alphas.split(",")) if args.alphas else DEFAULT_ALPHAS
-    with endpoint(args.base_url, args.model) as url:
-        rr = _reranker(args, url)
+    alphas = args.alphas or DEFAULT_ALPHAS
+    with _endpoint(args) as (url, model):
+        rr = _reranker(args, url, model)
         _out(f"capcal tune: {len(requests)} lists x {args.shuffles} shuffles, one decoding step each...", sys.stderr)
         choice = choose_alpha(rr, [(r["query"], r["passages"]) for r in requests], alphas=alphas,
-                              shuffles=args.shuffles, seed=args.seed, form=args.form)
+                              shuffles=args.shuffles, seed=args.seed or 0, form=args.form)
     _out(json.dumps({"alpha": choice.alpha, "form": choice.form, "tau_by_alpha": choice.curve,
                      "queries": choice.queries, "shuffles": choice.shuffles, "requests": choice.usage.requests,
                      "weak": choice.weak}))
@@ -150,8 +144,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     texts = [p["text"] for p in passages]
     _out(f"Query: {query}   ({len(texts)} BM25 passages from TREC DL19; grade = NIST relevance 0-3)\n")
     results = {}
-    with endpoint(args.base_url, args.model) as url:
-        rr = _reranker(args, url)
+    with _endpoint(args) as (url, model):
+        rr = _reranker(args, url, model)
         for method in tqdm(("vanilla", "capcal"), desc="reranking (cold prompts take ~10 s on 2 cores)", unit="method"):
             start = time.perf_counter()
             results[method] = (rr.with_options(method=method).rerank(query, texts), time.perf_counter() - start)
@@ -195,9 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="choose alpha without labels: the most shuffle-consistent strength (JSON out)")
     _add_input_options(p)
     p.add_argument("--shuffles", type=int, default=4, help="random orders per list (default 4)")
-    p.add_argument("--alphas", default=None, help="comma-separated strengths to try (default 0,0.25,...,2)")
+    p.add_argument("--alphas", default=None, type=_alphas, help="comma-separated strengths to try (default 0,0.25,...,2)")
     p.add_argument("--form", default=None, choices=("additive", "log"), help="calibration form (default additive)")
-    p.add_argument("--seed", type=int, default=0)
     _add_method_options(p)
 
     p = sub.add_parser("demo", help="one real query: vanilla vs CapCal, with the empty-prompt prior")
@@ -207,10 +200,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so a server started for the command is stopped on the way out."""
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``capcal`` command; returns the exit status. Every failure is one line on stderr:
+    ``capcal: error: ...`` (exit 1), an argument error (exit 2), or an interruption (exit 130)."""
     argv = sys.argv[1:] if argv is None else argv
+    _exit_on_sigterm()
     if argv[:1] == ["eval"]:
-        from .evaluation import main as eval_main
+        from .evaluation.command import main as eval_main
 
         return eval_main(argv[1:])
     args = build_parser().parse_args(argv)
@@ -224,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         return {"rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}[args.command](args)
     except CapCalError as err:
         _out(f"capcal: error: {err}", sys.stderr)
+        if isinstance(err, SetupError) and err.details:
+            _out(err.details if args.verbose else "(run with -v for details)", sys.stderr)
         return 1
+    except OSError as err:
+        _out(f"capcal: error: {err}", sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        _out("capcal: interrupted", sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -5,13 +5,18 @@ The tree::
     CapCalError
      ├── InputError              bad arguments: empty query, unknown method, bad option values
      ├── CapabilityError         the endpoint lacks something a method needs (says what, and what still works)
-     └── EndpointError           the endpoint failed; carries ``status`` and ``body`` when there was a response
-          ├── EndpointTimeout     no answer within ``timeout`` (after retries)
-          ├── EndpointUnreachable connection refused / DNS / TLS failure (after retries)
-          └── ResponseError       an answer came back but is malformed or lacks the log-probabilities asked for
+     ├── EndpointError           the endpoint failed; carries ``status`` and ``body`` when there was a response
+     │    ├── EndpointTimeout     no answer within ``timeout`` (after retries)
+     │    ├── EndpointUnreachable connection refused / DNS / TLS failure (after retries)
+     │    └── ResponseError       an answer came back but is malformed or lacks the log-probabilities asked for
+     ├── MissingExtra            an optional dependency is not installed (names the extra; also an ImportError)
+     └── SetupError              the local model or server could not be set up
+          ├── ModelError          weights could not be installed, assembled, verified or converted
+          └── ServerError         a local server could not start (busy port, crash, not healthy in time)
 
-Retries (408/409/429/5xx, exponential backoff) happen inside the ``openai`` client before any
-of these is raised. No error is ever turned into a score or into the input order.
+Every message says what failed and, where there is one, what to do. Retries (408/409/429/5xx,
+exponential backoff) happen inside the ``openai`` client before any of these is raised. No error is
+ever turned into a score or into the input order.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ __all__ = [
     "EndpointTimeout",
     "EndpointUnreachable",
     "ResponseError",
+    "MissingExtra",
+    "SetupError",
+    "ModelError",
+    "ServerError",
 ]
 
 
@@ -66,3 +75,32 @@ class EndpointUnreachable(EndpointError):
 
 class ResponseError(EndpointError):
     """The endpoint answered, but the answer is malformed or lacks the requested log-probabilities."""
+
+
+class MissingExtra(CapCalError, ImportError):
+    """An optional dependency is missing; the message names the extra that installs it.
+
+    >>> str(MissingExtra("xllamacpp", "embedded"))
+    'xllamacpp is not installed: pip install "capcal-integrations[embedded]"'
+    """
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(f'{package} is not installed: pip install "capcal-integrations[{extra}]"')
+        self.package, self.extra = package, extra
+
+
+class SetupError(CapCalError):
+    """The local model or server could not be set up. ``details`` holds the long story (a log tail,
+    pip's output), kept out of the one-line message."""
+
+    def __init__(self, message: str, *, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class ModelError(SetupError):
+    """The model weights could not be installed, located, assembled, verified or converted."""
+
+
+class ServerError(SetupError):
+    """A local server could not start: busy port, crash during startup, not healthy in time."""

@@ -2,11 +2,11 @@
 
 An identifier such as ``[12]`` is several tokens (``[`` ``1`` ``2`` ``]``). Its probability after a
 prefix is the joint probability of all of them, closing ``]`` included. The labels still allowed
-form a *trie* over token ids; :func:`label_logprobs` walks it level by level, asking for the
-next-token distribution at each node it needs, for several contexts at once (the real and the
-empty prompt share every request batch).
+form a *trie* over tokens; every node whose next-token distribution is needed is known before any
+request (the prefix of each node is the assistant prefix plus the node's tokens), so all of them
+are asked at once, for the real and the empty prompt together: one batch per decoding step.
 
-Two forms (DESIGN §4):
+Two forms (DESIGN §4), computed from the same answers by :func:`score_labels`:
 
 * ``"joint"`` (exact, the paper's): every node below the branching point is asked, so each label
   gets its unconstrained joint log-probability; the caller renormalises over the allowed labels.
@@ -20,22 +20,23 @@ cancels in either renormalisation, so they are never asked for.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import CapabilityError
-from .protocol import Flow, Messages, Query, next_token_logprobs
+from .prompts import Messages
+from .protocol import EndpointState, Flow, Query, Token, TokenLogprobs, next_token_logprobs
 
-Token = tuple[int, str]  # (id, piece)
 Path = tuple[Token, ...]
+Answer = tuple[TokenLogprobs, float]  # the wanted tokens found, and the floor (an upper bound for the rest)
 
-__all__ = ["label_trie", "label_logprobs", "LabelScores"]
+__all__ = ["label_trie", "nodes_to_ask", "score_labels", "label_logprobs", "LabelScores"]
 
 
 @dataclass(frozen=True)
 class LabelScores:
     """Per label, in the order given: log-probability (unnormalised for ``joint``), and how many of
-    them are upper bounds because a needed token was outside the endpoint's top-k."""
+    the tokens needed were upper bounds because they were outside the endpoint's top-k."""
 
     logprobs: tuple[float, ...]
     upper_bounds: int
@@ -66,50 +67,78 @@ def label_trie(labels: Sequence[Path]) -> dict[Path, list[Token]]:
     return children
 
 
-def label_logprobs(
-    caps, contexts: Sequence[tuple[Messages, str]], labels: Sequence[Path], *, form: str = "joint",
-    top: int = 20, cache: dict | None = None,
-) -> Flow[list[LabelScores]]:
-    """Log-probability of every label after each ``(messages, assistant_prefix)`` context."""
-    cache = {} if cache is None else cache
-    children = label_trie(labels)
+def nodes_to_ask(children: Mapping[Path, Sequence[Token]], form: str) -> list[Path]:
+    """The trie nodes whose next-token distribution is needed: below the prefix that every label
+    shares, each internal node (``joint``) or each branching node (``trie``).
+
+    >>> t = label_trie([((1, "["), (2, "1"), (9, "]")), ((1, "["), (2, "1"), (3, "0"), (9, "]")),
+    ...                 ((1, "["), (4, "2"), (9, "]"))])
+    >>> [len(n) for n in nodes_to_ask(t, "joint")], [len(n) for n in nodes_to_ask(t, "trie")]
+    ([1, 2, 3, 2], [1, 2])
+    """
     start: Path = ()
     while len(children.get(start, ())) == 1:  # common to every label: cancels, never asked
         start = start + (children[start][0],)
-    score = [{start: 0.0} for _ in contexts]
-    bounds = [0 for _ in contexts]
-    frontier = [start]
-    while frontier:
-        asked = [n for n in frontier if n in children and (form == "joint" or len(children[n]) > 1)]
-        queries = [Query(m, prefix + "".join(p for _, p in node), tuple(children[node]))
-                   for m, prefix in contexts for node in asked]
-        found = yield from _ask(caps, queries, top, cache)
-        for c in range(len(contexts)):
-            for a, node in enumerate(asked):
-                got, floor = found[c * len(asked) + a]
-                kids = children[node]
-                values = [got.get(k, floor) for k in kids]
-                bounds[c] += sum(k not in got for k in kids)
-                if form == "trie":
-                    norm = _logsumexp(values)
-                    values = [v - norm for v in values]
-                for kid, v in zip(kids, values):
-                    score[c][node + (kid,)] = score[c][node] + v
-            for node in frontier:
-                if node in children and node not in asked:  # trie form, single child: probability 1
-                    score[c][node + (children[node][0],)] = score[c][node]
-        frontier = [node + (kid,) for node in frontier for kid in children.get(node, ())]
-    return [LabelScores(tuple(s[label] for label in labels), b) for s, b in zip(score, bounds)]
+    return [node for node in children if len(node) >= len(start) and node[:len(start)] == start
+            and (form == "joint" or len(children[node]) > 1)]
 
 
-def _ask(caps, queries: list[Query], top: int, cache: dict) -> Flow[list]:
+def score_labels(labels: Sequence[Path], children: Mapping[Path, Sequence[Token]],
+                 answers: Mapping[Path, Answer], form: str) -> LabelScores:
+    """Each label's log-probability: the sum over its asked nodes of the chosen child's logprob (a
+    child missing from the top-k takes the node's floor and counts as an upper bound), renormalised
+    over the node's children for ``trie``. Nodes not asked contribute nothing (shared or single-child).
+
+    >>> A, B, C, END = (1, "1"), (2, "2"), (3, "0"), (9, "]")
+    >>> labels = [(A, END), (A, C, END), (B, END)]
+    >>> t = label_trie(labels)
+    >>> answers = {(): ({A: math.log(.6), B: math.log(.2)}, math.log(.01)),
+    ...            (A,): ({END: math.log(.5), C: math.log(.3)}, math.log(.01)), (A, C): ({}, math.log(.05)),
+    ...            (B,): ({END: math.log(.9)}, math.log(.01))}
+    >>> s = score_labels(labels, t, answers, "joint")
+    >>> [round(math.exp(x), 3) for x in s.logprobs], s.upper_bounds  # .6*.5, .6*.3*.05 (bound), .2*.9
+    ([0.3, 0.009, 0.18], 1)
+    >>> [round(math.exp(x), 3) for x in score_labels(labels, t, answers, "trie").logprobs]  # .75*.625, .75*.375, .25
+    [0.469, 0.281, 0.25]
+    """
+    bounds = sum(k not in got for node, (got, _) in answers.items() for k in children[node])
+    out = []
+    for label in labels:
+        total = 0.0
+        for depth, kid in enumerate(label):
+            node = label[:depth]
+            if node not in answers:
+                continue
+            got, floor = answers[node]
+            value = got.get(kid, floor)
+            if form == "trie":
+                value -= _logsumexp([got.get(k, floor) for k in children[node]])
+            total += value
+        out.append(total)
+    return LabelScores(tuple(out), bounds)
+
+
+def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, str]], labels: Sequence[Path], *,
+                   form: str = "joint", top: int = 20) -> Flow[list[LabelScores]]:
+    """Log-probability of every label after each ``(messages, assistant_prefix)`` context."""
+    children = label_trie(labels)
+    asked = nodes_to_ask(children, form)
+    queries = [Query(messages, prefix + "".join(piece for _, piece in node), tuple(children[node]))
+               for messages, prefix in contexts for node in asked]
+    found = yield from _ask(state, queries, top)
+    return [score_labels(labels, children, dict(zip(asked, found[c * len(asked):(c + 1) * len(asked)])), form)
+            for c in range(len(contexts))]
+
+
+def _ask(state: EndpointState, queries: list[Query], top: int) -> Flow[list[Answer]]:
     """Ask once at ``top``; re-ask those missing a wanted token at the endpoint's largest top-k."""
     if not queries:
         return []
-    found = yield from next_token_logprobs(caps, queries, min(top, caps.max_top_logprobs), cache)
+    largest = state.caps.max_top_logprobs if state.caps else top
+    found = yield from next_token_logprobs(state, queries, min(top, largest))
     retry = [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
-    if retry and caps.max_top_logprobs > top:
-        again = yield from next_token_logprobs(caps, [queries[i] for i in retry], caps.max_top_logprobs, cache)
+    if retry and largest > top:
+        again = yield from next_token_logprobs(state, [queries[i] for i in retry], largest)
         for i, answer in zip(retry, again):
             found[i] = answer
     return found

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .calibration import calibrated, order_of_scores
+from .calibration import calibrated
 from .errors import InputError
-from .evaluation.bias import mean_pairwise_tau
+from .orders import mean_pairwise_tau, order_of_scores
 from .types import Ranking, Usage
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ def calibrated_order(p: Sequence[float], q: Sequence[float], alpha: float, form:
     >>> calibrated_order([0.5, 0.3, 0.2], [0.8, 0.1, 0.1], 0.0), calibrated_order([0.5, 0.3, 0.2], [0.8, 0.1, 0.1], 1.0)
     ([0, 1, 2], [1, 2, 0])
     """
-    if form not in ("additive", "log"):
-        raise InputError(f"form must be 'additive' or 'log', got {form!r}")
     return order_of_scores(calibrated(p, q, alpha, form))
 
 

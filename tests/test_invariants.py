@@ -5,6 +5,7 @@ distributions, injected 5xx and malformed answers); the real-model tests are in 
 """
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
@@ -95,9 +96,8 @@ def test_trivial_inputs_need_no_endpoint():
 def test_missing_tokens_become_flagged_upper_bounds_not_zeros():
     # top-1 answers and a server whose maximum top-k is 1: most labels are outside the top-k
     rr = reranker(top_logprobs=1)
-    rr._shared.caps = None
     caps = rr.capabilities()
-    rr._shared.caps = type(caps)(**{**caps.__dict__, "max_top_logprobs": 1})
+    rr._state.caps = dataclasses.replace(caps, max_top_logprobs=1)
     ranking = rr.rerank("q", [f"p{i}" for i in range(12)])
     assert ranking.upper_bounds > 0
     assert sum(step.upper_bounds for step in ranking.steps[-1:]) > 0

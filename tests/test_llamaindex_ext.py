@@ -138,7 +138,7 @@ def test_options_pass_through_and_stay_live():
                           template="rank_gpt", top_n=None)
     core = rerank.reranker
     assert (core.method, core.options.alpha, core.options.window, core.options.stride) == ("vanilla", 1.5, 8, 4)
-    assert (core.options.label_style, core.options.template.name) == ("alpha", "rank_gpt")
+    assert (core.options.labels, core.options.template.name) == ("alpha", "rank_gpt")
     # defaults are filled in with the values in force
     assert (rerank.calibration, rerank.probability, rerank.placeholder) == (
         core.options.calibration, core.options.probability, core.options.placeholder)

@@ -5,11 +5,12 @@ import math
 import pytest
 
 from capcal_integrations import InputError, adaptive_alpha, borda, calibrate, calibrate_log, entropy, windows
-from capcal_integrations.calibration import normalise_logprobs
+from capcal_integrations.calibration import normalise_logprobs, shares
 from capcal_integrations.labels import label_trie
+from capcal_integrations.options import Options
+from capcal_integrations.orders import rank_scores
 from capcal_integrations.prompts import RANK_ZEPHYR, clean_passage, labels, render
-from capcal_integrations.protocol import _top_entries, parse_tokens, usage_of
-from capcal_integrations.strategies import Options, _rank_scores, _shares
+from capcal_integrations.protocol import parse_tokens, top_entries, usage_of
 from capcal_integrations.types import Document, as_document
 
 
@@ -74,15 +75,15 @@ def test_borda_worked_example_and_ties():
 
 
 def test_rank_scores_follow_the_order_strictly():
-    scores = _rank_scores([3, 1, 0, 2], [1.0, 0.0, 0.5, 0.2])
+    scores = rank_scores([3, 1, 0, 2], [1.0, 0.0, 0.5, 0.2])
     ranked = sorted(range(4), key=lambda i: -scores[i])
     assert ranked == [3, 1, 0, 2]
     assert scores[3] == pytest.approx((4 - 0 - 1 + 0.2) / 4)
 
 
 def test_shares_clip_negative_scores():
-    assert _shares([-0.1, 0.3, 0.1]) == pytest.approx([0.0, 0.75, 0.25])
-    assert _shares([-1.0, -2.0]) == [0.5, 0.5]
+    assert shares([-0.1, 0.3, 0.1]) == pytest.approx([0.0, 0.75, 0.25])
+    assert shares([-1.0, -2.0]) == [0.5, 0.5]
 
 
 def test_label_trie_shares_digits_and_rejects_prefix_clashes():
@@ -117,7 +118,8 @@ def test_labels_and_render():
 
 def test_options_reject_bad_values():
     for bad in ({"method": "listwise"}, {"alpha": -1}, {"alpha": "auto"}, {"window": 1}, {"stride": 0},
-                {"probability": "exact"}, {"calibration": "mul"}, {"m": 0}, {"label_style": "roman"}):
+                {"probability": "exact"}, {"calibration": "mul"}, {"m": 0}, {"labels": "roman"},
+                {"concurrency": 0}, {"top_logprobs": 0}):
         with pytest.raises(InputError):
             Options(**bad)
 
@@ -138,9 +140,9 @@ def test_parse_both_logprob_shapes():
     content = {"logprobs": {"content": [{"top_logprobs": [{"id": 16, "token": "1", "logprob": -0.5},
                                                           {"id": 17, "token": "2", "logprob": -1.5}]}]}}
     legacy = {"logprobs": {"tokens": ["1"], "top_logprobs": [{"1": -0.5, "2": -1.5}]}}
-    assert _top_entries(content) == [(16, "1", -0.5), (17, "2", -1.5)]
-    assert _top_entries(legacy) == [(None, "1", -0.5), (None, "2", -1.5)]
-    assert _top_entries({"logprobs": None}) == []
+    assert top_entries(content) == [(16, "1", -0.5), (17, "2", -1.5)]
+    assert top_entries(legacy) == [(None, "1", -0.5), (None, "2", -1.5)]
+    assert top_entries({"logprobs": None}) == []
 
 
 def test_parse_tokens_llamacpp_and_vllm():

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..calibration import order_of_scores
-from ..strategies import borda
+from ..calibration import shares
+from ..options import CALIBRATED_METHODS
+from ..orders import borda, order_of_scores
 from ..tuning import calibrated_order
 from .bias import (
     expected_kl_uniform,
@@ -120,12 +121,6 @@ class Bias:
     first_s: list[float]
 
 
-def _shares(s: Sequence[float]) -> list[float]:
-    clipped = [max(x, 0.0) for x in s]
-    total = math.fsum(clipped)
-    return [x / total for x in clipped] if total > 0 else [1.0 / len(s)] * len(s)
-
-
 def bias(store: Store, key: str, n: int, kind: str = "shuffle") -> Bias | None:
     recs = [r for r in store.select(kind, key) if len(r["input"]) == n]
     if not recs:
@@ -136,7 +131,7 @@ def bias(store: Store, key: str, n: int, kind: str = "shuffle") -> Bias | None:
     queries = len({r["qid"] for r in recs})
     firsts = [r["first_step"] for r in recs if r.get("first_step") and len(r["first_step"]["p"]) == n]
     return Bias(len(recs), queries, hist, kl_from_uniform(hist), expected_kl_uniform(len(recs), n), tau, input_tau(recs),
-                mean_by_position(f["p"] for f in firsts), mean_by_position(_shares(f["s"]) for f in firsts))
+                mean_by_position(f["p"] for f in firsts), mean_by_position(shares(f["s"]) for f in firsts))
 
 
 def consistency_over_queries(records: Sequence[dict[str, Any]]) -> tuple[float, int]:
@@ -218,7 +213,7 @@ def standalone_seconds(store: Store, rec: dict[str, Any]) -> float:
     seconds += ft["seconds"]
     ftc = earlier("first-token-capcal")
     base, _, options = method.partition(":")
-    calibrated = base in ("capcal", "first-token-capcal") and "placeholder=" not in options
+    calibrated = base in CALIBRATED_METHODS and "placeholder=" not in options
     if calibrated and method != "first-token-capcal" and ftc is not None:
         seconds += ftc["seconds"]
     return seconds

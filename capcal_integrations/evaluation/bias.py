@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from itertools import combinations
+
+from ..orders import kendall_tau, mean_pairwise_tau
 
 __all__ = [
     "shuffle_of",
@@ -79,39 +80,6 @@ def expected_kl_uniform(samples: int, n: int, *, draws: int = 2000, seed: int = 
     for _ in range(draws):
         total += kl_from_uniform(position_histogram((rng.randrange(n) + 1 for _ in range(samples)), n))
     return total / draws
-
-
-def kendall_tau(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
-    """Kendall's tau between two rankings (best first) of the same items: ``(concordant - discordant)
-    / (n (n - 1) / 2)``. 1 = identical order, -1 = reversed.
-
-    >>> kendall_tau("abc", "abc"), kendall_tau("abc", "cba")
-    (1.0, -1.0)
-    >>> kendall_tau("abcd", "bacd")  # 1 discordant pair of 6: (5 - 1) / 6
-    0.6666666666666666
-    """
-    if sorted(map(str, a)) != sorted(map(str, b)) or len(set(a)) != len(a):
-        raise ValueError("kendall_tau needs two orderings of the same distinct items")
-    n = len(a)
-    if n < 2:
-        return 1.0
-    where = {item: r for r, item in enumerate(b)}
-    mapped = [where[item] for item in a]
-    discordant = sum(1 for i, j in combinations(range(n), 2) if mapped[i] > mapped[j])
-    pairs = n * (n - 1) // 2
-    return (pairs - 2 * discordant) / pairs
-
-
-def mean_pairwise_tau(rankings: Sequence[Sequence[Hashable]]) -> float:
-    """Mean Kendall tau over all pairs of rankings of the same items (1.0 = order-invariant).
-
-    >>> mean_pairwise_tau(["abc", "abc", "cba"])  # pairs: 1, -1, -1
-    -0.3333333333333333
-    """
-    pairs = list(combinations(rankings, 2))
-    if not pairs:
-        raise ValueError("need at least two rankings")
-    return math.fsum(kendall_tau(a, b) for a, b in pairs) / len(pairs)
 
 
 def pick_needle(candidates: Sequence[str], grades: Mapping[str, int], n: int,

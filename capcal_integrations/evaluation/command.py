@@ -20,12 +20,11 @@ import json
 import logging
 import pathlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import CapCalError
-from ..server import ModelError, ServerError
 from .data import Dataset, load_dataset
 from .runner import Group, Runner, needle_jobs, rank_jobs, shuffle_jobs
 from .specs import MethodSpec, parse_specs
@@ -33,7 +32,7 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["main", "build_parser", "endpoint", "run_groups", "bias_methods"]
+__all__ = ["main", "build_parser", "run_groups", "bias_methods"]
 
 DEFAULT_METHODS = "bm25,first-token,first-token:capcal,vanilla,capcal"
 
@@ -76,29 +75,6 @@ def bias_methods(specs: Sequence[MethodSpec], text: str | None) -> list[MethodSp
     """The methods for shuffles and needles: ``text`` if given, else ``specs`` without the (m-times
     dearer) psc."""
     return parse_specs(text) if text else [s for s in specs if s.method != "psc"]
-
-
-@contextlib.contextmanager
-def endpoint(base_url: str | None, model: str | None, port: int | None = None,
-             threads: int | None = None) -> Iterator[tuple[str, str | None]]:
-    """``(base_url, model name to send)``: the given endpoint, a healthy server already on ``port``, or
-    an embedded server started (and stopped) here."""
-    if base_url:
-        yield base_url, model
-        return
-    from ..server import MODELS, EmbeddedServer, find_running
-
-    embedded = model or "0.5b"
-    if embedded not in MODELS:
-        raise CapCalError(f"--model {embedded!r} is not an embedded model ({', '.join(MODELS)}); "
-                          "pass --base-url to use another endpoint")
-    if port and (running := find_running("127.0.0.1", port)):
-        log.info("reusing the server at %s", running)
-        yield running, None
-        return
-    with EmbeddedServer(model=embedded, port=port, threads=threads) as server:
-        log.info("started the embedded %s server at %s (log %s)", embedded, server.base_url, server.log_path)
-        yield server.base_url, None
 
 
 async def run_groups(runner: Runner, phases: Sequence[tuple[str, Sequence[Group]]]) -> list[tuple[str, Any]]:
@@ -160,14 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if needs_model:
                 from .. import CapCalReranker
+                from ..server import endpoint
 
-                with endpoint(a.base_url, a.model, a.port, a.threads) as (url, model):
+                with endpoint(a.base_url, a.model, port=a.port, threads=a.threads) as (url, model):
                     reranker = CapCalReranker(base_url=url, model=model, timeout=a.timeout)
                     meta.update(_server_meta(reranker.capabilities()))  # probed before any timing starts
                     summaries = asyncio.run(run_groups(Runner(store, reranker, progress=not a.no_progress), phases))
             else:
                 summaries = asyncio.run(run_groups(Runner(store, None, progress=not a.no_progress), phases))
-        except (CapCalError, ModelError, ServerError) as err:  # the report still shows what finished
+        except CapCalError as err:  # the report still shows what finished
             sys.stderr.write(f"capcal eval: error: {err}\n")
             status = 1
         else:

@@ -12,15 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from ..strategies import METHODS
+from ..options import CALIBRATED_METHODS, METHODS, OPTION_NAMES, Options
 
 __all__ = ["MethodSpec", "parse_spec", "parse_specs", "BM25"]
 
 BM25 = "bm25"
 
-_INT = {"window", "stride", "m", "seed", "max_passage_words", "max_context", "top_logprobs"}
-_STR = {"calibration", "placeholder", "template", "labels", "probability"}
-_KEYS = _INT | _STR | {"alpha"}
+_KEYS = set(OPTION_NAMES) - {"method", "concurrency"}  # the method is the spec's name; concurrency is not ranking
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class MethodSpec:
 
     @property
     def calibrated(self) -> bool:
-        return self.method in ("capcal", "first-token-capcal")
+        return self.method in CALIBRATED_METHODS
 
     def reranker_options(self) -> dict[str, Any]:
         """Keyword arguments for ``CapCalReranker.with_options``."""
@@ -56,19 +54,10 @@ def _show(v: Any) -> str:
 
 
 def _value(key: str, raw: str, spec: str) -> Any:
-    if key in _INT:
-        try:
-            return int(raw)
-        except ValueError:
-            raise InputError(f"{spec!r}: {key} must be an integer, got {raw!r}") from None
-    if key == "alpha":
-        if raw == "adaptive":
-            return raw
-        try:
-            return float(raw)
-        except ValueError:
-            raise InputError(f"{spec!r}: alpha must be 'adaptive' or a number, got {raw!r}") from None
-    return raw
+    try:
+        return Options.parse(key, raw)
+    except InputError as err:
+        raise InputError(f"{spec!r}: {err}") from None
 
 
 def parse_spec(text: str) -> MethodSpec:

@@ -1,0 +1,106 @@
+"""One client configuration from which both ``openai`` clients are built.
+
+Pass the settings (openai-python's vocabulary: ``base_url``, ``api_key``, ``timeout``, ``max_retries``,
+``default_headers``, ``default_query``, ``http_client`` / ``async_http_client`` for proxies or custom
+transports) or ready ``client`` / ``async_client`` objects. Given one ready client, the other is built
+from *its* settings (URL, key, organization, project, headers, query, timeout, retries), so nothing
+the user configured is lost; an explicit ``timeout`` or ``max_retries`` is applied to ready clients
+too. Only a custom transport cannot cross from sync to async (an ``httpx.Client`` cannot serve
+asyncio): pass ``async_http_client`` or ``async_client`` for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import openai
+
+from .errors import InputError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Clients", "resolve_base_url", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES"]
+
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_MAX_RETRIES = 2
+_NO_ENDPOINT = (
+    "no endpoint configured: pass base_url=... (or client=...), or set CAPCAL_BASE_URL or OPENAI_BASE_URL. "
+    "For the embedded local model run `capcal serve` in another terminal and use base_url='http://127.0.0.1:8080/v1'."
+)
+
+
+def resolve_base_url(base_url: str | None = None) -> str:
+    """``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``; an :class:`InputError` that
+    says how to start the embedded server when none is set."""
+    url = base_url or os.environ.get("CAPCAL_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+    if not url:
+        raise InputError(_NO_ENDPOINT)
+    return url
+
+
+def _settings_of(client: openai.OpenAI | openai.AsyncOpenAI) -> dict[str, Any]:
+    return {"base_url": str(client.base_url), "api_key": client.api_key, "organization": client.organization,
+            "project": client.project, "timeout": client.timeout, "max_retries": client.max_retries,
+            "default_headers": dict(client._custom_headers) or None, "default_query": dict(client._custom_query) or None}
+
+
+class Clients:
+    """The sync client and the async clients of one endpoint. The async client is one per event
+    loop when this class builds it (an httpx pool cannot outlive the loop it was made in, and scripts
+    often call ``asyncio.run`` more than once)."""
+
+    def __init__(self, *, base_url: str | None = None, api_key: str | None = None, timeout: float | None = None,
+                 max_retries: int | None = None, default_headers: Mapping[str, str] | None = None,
+                 default_query: Mapping[str, object] | None = None, http_client: Any = None,
+                 async_http_client: Any = None, client: openai.OpenAI | None = None,
+                 async_client: openai.AsyncOpenAI | None = None) -> None:
+        overrides = {k: v for k, v in (("timeout", timeout), ("max_retries", max_retries)) if v is not None}
+        if overrides:
+            client = client.with_options(**overrides) if client is not None else None
+            async_client = async_client.with_options(**overrides) if async_client is not None else None
+        ready = client or async_client
+        if ready is not None:
+            if base_url or api_key or default_headers or default_query or http_client:
+                raise InputError("pass either a ready client or connection settings (base_url, api_key, headers, "
+                                 "http_client), not both")
+            self.settings = _settings_of(ready)
+        else:
+            self.settings = {
+                "base_url": resolve_base_url(base_url),
+                "api_key": api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
+                "timeout": DEFAULT_TIMEOUT if timeout is None else timeout,
+                "max_retries": DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+                "default_headers": default_headers, "default_query": default_query}
+        self._client, self._http_client = client, http_client
+        self._async_client, self._async_http_client = async_client, async_http_client
+        self._per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @property
+    def base_url(self) -> str:
+        return self.settings["base_url"]
+
+    @property
+    def sync(self) -> openai.OpenAI:
+        """The sync client (the one given, else built once from the settings)."""
+        if self._client is None:
+            self._client = openai.OpenAI(**self.settings, http_client=self._http_client)
+        return self._client
+
+    @property
+    def async_(self) -> openai.AsyncOpenAI:
+        """The async client for the running event loop."""
+        if self._async_client is not None:
+            return self._async_client
+        if self._async_http_client is not None:  # the user's transport: one client, bound to their loop
+            self._async_client = openai.AsyncOpenAI(**self.settings, http_client=self._async_http_client)
+            return self._async_client
+        loop = asyncio.get_running_loop()
+        made = self._per_loop.get(loop)
+        if made is None:
+            made = self._per_loop[loop] = openai.AsyncOpenAI(**self.settings)
+        return made

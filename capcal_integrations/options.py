@@ -1,0 +1,177 @@
+"""The ranking options, declared once.
+
+:class:`Options` is the single schema: each field carries its documentation and its parser from a
+string in its metadata. Everything else is derived from it: the keyword arguments of
+:class:`~capcal_integrations.CapCalReranker` and its ``with_options``, the adapters' pydantic settings
+(:mod:`.adapter`), the ``capcal`` command-line flags (:func:`add_option_flags`) and the method specs of
+``capcal eval`` (``capcal:alpha=1.0,probability=trie``). A new option is one new field here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .calibration import FORMS
+from .errors import InputError
+from .prompts import DEFAULT_PLACEHOLDER, RANK_ZEPHYR, TEMPLATES, PromptTemplate, labels, resolve_template
+
+__all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "add_option_flags", "options_from_args"]
+
+#: Every ranking method of the engine.
+METHODS = ("capcal", "vanilla", "first-token", "first-token-capcal", "psc")
+#: The methods that run the content-free prompt and calibrate against it.
+CALIBRATED_METHODS = frozenset({"capcal", "first-token-capcal"})
+
+
+def _alpha(raw: str) -> float | str:
+    if raw == "adaptive":
+        return raw
+    try:
+        return float(raw)
+    except ValueError:
+        raise InputError(f"alpha must be 'adaptive' or a number, got {raw!r}") from None
+
+
+def _int(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise InputError(f"expected an integer, got {raw!r}") from None
+
+
+def _optional_int(raw: str) -> int | None:
+    return None if raw.lower() in ("", "none") else _int(raw)
+
+
+def _option(default: Any, doc: str, parse: Callable[[str], Any] = str, choices: tuple[str, ...] = (),
+            accepts: Any = None) -> Any:
+    """A field of :class:`Options` with its documentation, string parser and (for the adapters'
+    pydantic model) the type of the values it accepts, when wider than what it stores."""
+    meta = {"doc": doc, "parse": parse, "choices": choices, "accepts": accepts}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything that decides how a list is ranked, validated on construction.
+
+    >>> Options(method="vanilla", template="rank_gpt").template.name
+    'rank_gpt'
+    >>> Options(window=1)
+    Traceback (most recent call last):
+    ...
+    capcal_integrations.errors.InputError: need window >= 2 and 1 <= stride <= window, got 1/10
+    """
+
+    method: str = _option("capcal", "Ranking method: capcal | vanilla | first-token | first-token-capcal | psc.",
+                          choices=METHODS)
+    alpha: float | str = _option("adaptive", "'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
+                                 "calibration strength >= 0.", _alpha)
+    calibration: str = _option("additive", "'additive' (the paper's p - alpha (q - 1/|C|)) or 'log' "
+                               "(log p - alpha log q).", choices=FORMS)
+    placeholder: str = _option(DEFAULT_PLACEHOLDER, "Passage body of the content-free prompt ('' allowed).")
+    template: PromptTemplate = _option(RANK_ZEPHYR, "Prompt: 'rank_zephyr', 'rank_gpt' or a PromptTemplate.",
+                                       choices=tuple(TEMPLATES), accepts=str | PromptTemplate)
+    labels: str = _option("numeric", "Identifiers: 'numeric' ([1]..) or 'alpha' ([A].., at most 26 per window).",
+                          choices=("numeric", "alpha"))
+    probability: str = _option("joint", "'joint' (exact joint label probability) or 'trie' (renormalised at "
+                               "every branching token; cheaper).", choices=("joint", "trie"))
+    window: int = _option(20, "Sliding-window size for long lists.", _int)
+    stride: int = _option(10, "Sliding-window stride.", _int)
+    m: int = _option(5, "Shuffles for method='psc'.", _int)
+    seed: int = _option(0, "Shuffle seed for method='psc'.", _int)
+    max_passage_words: int | None = _option(300, "Words kept per passage before the token budget applies "
+                                            "(None: no limit).", _optional_int)
+    max_context: int | None = _option(None, "Context size in tokens (default: what the server reports).",
+                                      _optional_int)
+    top_logprobs: int = _option(20, "Top-k log-probabilities asked per request (missing labels are re-asked "
+                                "at the endpoint's maximum).", _int)
+    concurrency: int = _option(8, "Requests in flight at once (async API and *_many).", _int)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "template", resolve_template(self.template))
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if choices and f.name != "template" and getattr(self, f.name) not in choices:
+                raise InputError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
+        if not (self.alpha == "adaptive" or (isinstance(self.alpha, (int, float)) and self.alpha >= 0)):
+            raise InputError(f"alpha must be 'adaptive' or a number >= 0, got {self.alpha!r}")
+        if self.window < 2 or not 1 <= self.stride <= self.window:
+            raise InputError(f"need window >= 2 and 1 <= stride <= window, got {self.window}/{self.stride}")
+        for name in ("m", "top_logprobs", "concurrency"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        labels(min(self.window, 26), self.labels)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the method runs the content-free prompt."""
+        return self.method in CALIBRATED_METHODS
+
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes``; an unknown name is an :class:`~.errors.InputError` listing the known ones.
+
+        >>> Options().replace(method="psc", m=3).m
+        3
+        """
+        unknown = set(changes) - set(OPTION_NAMES)
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(OPTION_NAMES)}")
+        return dataclasses.replace(self, **changes)
+
+    def settings(self) -> dict[str, Any]:
+        """The options as keyword arguments; a built-in template by its name."""
+        values = {name: getattr(self, name) for name in OPTION_NAMES}
+        if TEMPLATES.get(self.template.name) is self.template:
+            values["template"] = self.template.name
+        return values
+
+    @staticmethod
+    def parse(name: str, raw: str) -> Any:
+        """The value of option ``name`` written as a string (command line, method specs).
+
+        >>> Options.parse("alpha", "1"), Options.parse("window", "30"), Options.parse("max_context", "none")
+        (1.0, 30, None)
+        """
+        if name not in OPTION_NAMES:
+            raise InputError(f"unknown option {name!r}; known: {', '.join(OPTION_NAMES)}")
+        try:
+            return _FIELDS[name].metadata["parse"](raw)
+        except InputError as err:
+            raise InputError(f"{name}: {err}") from None
+
+
+_FIELDS = {f.name: f for f in fields(Options)}
+#: The option names, in declaration order.
+OPTION_NAMES = tuple(_FIELDS)
+
+
+def option_docs() -> Mapping[str, str]:
+    """Each option's one-line documentation."""
+    return {name: f.metadata["doc"] for name, f in _FIELDS.items()}
+
+
+def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OPTION_NAMES) -> None:
+    """One ``--flag`` per option (default: the library's), parsed and checked by :meth:`Options.parse`."""
+    group = parser.add_argument_group("ranking options")
+    for name in only:
+        f = _FIELDS[name]
+
+        def convert(raw: str, name: str = name) -> Any:
+            try:
+                return Options.parse(name, raw)
+            except InputError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        default = f.default.name if isinstance(f.default, PromptTemplate) else f.default
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=convert, default=None,
+                           choices=f.metadata["choices"] or None, help=f"{f.metadata['doc']} (default: {default})")
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line (those left unset keep the library's defaults)."""
+    return {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name, None) is not None}

@@ -1,0 +1,129 @@
+"""Find out, once per endpoint, what it can do: a :data:`~.protocol.Flow` of about seven small requests.
+
+The probe picks the cheapest exact way to read next-token log-probabilities after an assistant
+prefix (:attr:`~.types.Capabilities.transport`): llama.cpp's templated ``/v1/completions`` prompt lists,
+else chat completions that continue a prefilled assistant message, else none (then every method
+raises :class:`~.errors.CapabilityError` naming what is missing). Optional routes that an endpoint
+lacks answer 400/404/405/422/501; :func:`optional` turns exactly those into ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CapabilityError, EndpointError, ResponseError
+from .protocol import Call, EndpointState, Flow, chat_messages, parse_tokens, tokenize_call, top_entries
+from .types import Capabilities
+
+log = logging.getLogger(__name__)
+
+__all__ = ["capabilities", "probe", "optional"]
+
+_UNSUPPORTED = (400, 404, 405, 422, 501)
+_PROBE_PREFIX = "A B C D E F G H I J K L M N O P Q R S T U V W X"
+_CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}  # vLLM's prefill switch
+
+
+def optional(call: Call) -> Flow[Any | None]:
+    """The answer to ``call``, or ``None`` when the endpoint does not support it (an "unsupported"
+    status or an unreadable answer). Any other failure propagates."""
+    try:
+        [answer] = yield [call]
+    except EndpointError as err:
+        if err.status in _UNSUPPORTED or isinstance(err, ResponseError):
+            return None
+        raise
+    return answer
+
+
+def capabilities(state: EndpointState) -> Flow[Capabilities]:
+    """``state.caps``, probed on first use."""
+    if state.caps is None:
+        caps = yield from probe(state.model)
+        state.caps = state.caps or caps  # a concurrent first call may have probed too: keep one
+    return state.caps
+
+
+@dataclass(frozen=True)
+class ChatSupport:
+    """What chat completions offer: log-probabilities, how many alternatives per position, and
+    whether (and with which extra body fields) a final assistant message is continued."""
+
+    logprobs: bool = False
+    max_top_logprobs: int = 0
+    prefill: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def probe(model: str | None = None) -> Flow[Capabilities]:
+    """Probe the endpoint (see the module docstring)."""
+    [listing] = yield [Call("GET", "models")]
+    entries = [m for m in (listing or {}).get("data", []) if isinstance(m, Mapping)]
+    if model is None:
+        if not entries:
+            raise CapabilityError("the endpoint lists no models; pass model=...", missing="models")
+        model = str(entries[0].get("id"))
+    server = "llama.cpp" if any(m.get("owned_by") == "llamacpp" for m in entries) else ""
+
+    tokenize = ""
+    for kind in ("llamacpp", "vllm"):
+        answer = yield from optional(tokenize_call(kind, model, "[10]"))
+        try:
+            parse_tokens(answer)
+        except ValueError:
+            continue
+        tokenize = kind
+        break
+
+    props = (yield from optional(Call("GET", "/props", root=True))) if server == "llama.cpp" else None
+    props = props if isinstance(props, Mapping) else {}
+    context = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0) or next(
+        (m[k] for m in entries for k in ("max_model_len", "context_length") if isinstance(m.get(k), int)), None)
+
+    rendered = yield from optional(Call("POST", "/apply-template", {"messages": chat_messages((("user", "x"),))},
+                                        root=True))
+    template = isinstance(rendered, Mapping) and isinstance(rendered.get("prompt"), str)
+
+    chat = yield from _probe_chat(model, 100 if server else 20)
+    prompt_lists = False
+    if template and chat.logprobs:
+        answer = yield from optional(Call("POST", "completions", {
+            "model": model, "prompt": ["A B C", "1 2 3"], "max_tokens": 1, "logprobs": 5, "temperature": 0}))
+        prompt_lists = (isinstance(answer, Mapping) and len(answer.get("choices") or []) == 2
+                        and all(top_entries(c) for c in answer["choices"]))
+    caps = Capabilities(
+        model=model, logprobs=chat.logprobs,
+        max_top_logprobs=1000 if server == "llama.cpp" else chat.max_top_logprobs,
+        transport="completions" if prompt_lists else ("chat" if chat.prefill else ""),
+        chat_extra=dict(chat.extra), tokenize=tokenize, template=template, prompt_lists=prompt_lists,
+        context=context, server=server, slots=int(props.get("total_slots") or 0))
+    log.info("probed endpoint: %s", caps)
+    return caps
+
+
+def _probe_chat(model: str, top: int) -> Flow[ChatSupport]:
+    """Ask a chat completion to continue "A B ... X" from a prefilled assistant message: "Y" first
+    means the prefill was continued. OpenAI and vLLM cap ``top_logprobs`` at 20 by default, so a
+    refused larger ``top`` is retried at 20."""
+    base = {"model": model, "max_tokens": 1, "temperature": 0, "logprobs": True,
+            "messages": chat_messages((("user", "Continue the sequence."),), _PROBE_PREFIX)}
+    answered = ChatSupport()
+    for extra in ({}, _CONTINUE):
+        answer = None
+        for k in dict.fromkeys((top, 20)):
+            answer = yield from optional(Call("POST", "chat/completions", {**base, "top_logprobs": k, **extra}))
+            if answer is not None:
+                top = k
+                break
+        if not isinstance(answer, Mapping):
+            continue
+        entries = top_entries(answer["choices"][0]) if answer.get("choices") else []
+        if not entries:
+            return ChatSupport()
+        if max(entries, key=lambda e: e[2])[1].strip() == "Y":
+            return ChatSupport(True, top, True, extra)
+        answered = ChatSupport(True, top)
+    return answered
