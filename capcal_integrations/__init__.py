@@ -5,20 +5,9 @@
 >>> # rr.rerank("how long do fleas live", passages).order
 """
 
+from . import errors as _errors
 from .calibration import adaptive_alpha, calibrate, calibrate_log, entropy
-from .errors import (
-    CapabilityError,
-    CapCalError,
-    EndpointError,
-    EndpointTimeout,
-    EndpointUnreachable,
-    InputError,
-    MissingExtra,
-    ModelError,
-    ResponseError,
-    ServerError,
-    SetupError,
-)
+from .errors import *  # noqa: F403 (the whole error tree is public)
 from .options import METHODS, Options
 from .orders import borda, kendall_tau, windows
 from .prompts import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
@@ -51,15 +40,5 @@ __all__ = [
     "calibrate_log",
     "adaptive_alpha",
     "entropy",
-    "CapCalError",
-    "InputError",
-    "CapabilityError",
-    "EndpointError",
-    "EndpointTimeout",
-    "EndpointUnreachable",
-    "ResponseError",
-    "MissingExtra",
-    "SetupError",
-    "ModelError",
-    "ServerError",
+    *_errors.__all__,
 ]

@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return eval_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
     try:
         if args.command == "serve":
             from .server import serve

@@ -1,6 +1,6 @@
 """The only code that does I/O: run a :data:`~.protocol.Flow` with an ``openai`` client.
 
-``run_sync`` and ``run_async`` are the two ten-line drivers; everything they run is written once in
+``run_sync`` and ``run_async`` are the two short drivers; everything they run is written once in
 :mod:`.protocol` and :mod:`.strategies`. Retries (408/409/429/5xx with backoff) are the openai
 client's own; what is left after them becomes a typed :mod:`.errors` exception, thrown into the flow
 (probing catches "unsupported" answers; everything else propagates to the caller).
@@ -9,7 +9,6 @@ client's own; what is left after them becomes a typed :mod:`.errors` exception, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import openai
@@ -71,43 +70,52 @@ async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore) -> Any:
             raise _typed(err, call) from err
 
 
-def _tally(answers: Sequence[Any]) -> Usage:
-    total = Usage()
-    for a in answers:
-        total = total + usage_of(a)
-    return total
+class _Run:
+    """One flow being driven: the calls it waits for (``None`` once it has returned), its result and
+    the usage the answers reported. An :class:`EndpointError` is thrown into the flow, which may
+    handle it (probing does) or let it propagate to the caller."""
+
+    def __init__(self, flow: Flow[Any]) -> None:
+        self.flow, self.usage, self.result = flow, Usage(), None
+        self.calls: list[Call] | None = self._advance(lambda: next(flow))
+
+    def _advance(self, step: Any) -> list[Call] | None:
+        try:
+            return step()
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+
+    def send(self, answers: list[Any] | EndpointError) -> None:
+        if isinstance(answers, EndpointError):
+            self.calls = self._advance(lambda: self.flow.throw(answers))
+            return
+        for answer in answers:
+            self.usage = self.usage + usage_of(answer)
+        self.calls = self._advance(lambda: self.flow.send(answers))
 
 
 def run_sync(flow: Flow[T], client: Any) -> tuple[T, Usage]:
     """Drive ``flow`` with a sync ``openai.OpenAI`` client, one call after another."""
-    usage = Usage()
-    try:
-        calls = next(flow)
-        while True:
-            try:
-                answers = [_send_sync(client, c) for c in calls]
-            except EndpointError as err:
-                calls = flow.throw(err)
-                continue
-            usage = usage + _tally(answers)
-            calls = flow.send(answers)
-    except StopIteration as stop:
-        return stop.value, usage
+    run = _Run(flow)
+    while run.calls is not None:
+        try:
+            answers: list[Any] | EndpointError = [_send_sync(client, c) for c in run.calls]
+        except EndpointError as err:
+            answers = err
+        run.send(answers)
+    return run.result, run.usage
 
 
 async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore) -> tuple[T, Usage]:
     """Drive ``flow`` with an ``openai.AsyncOpenAI`` client; each batch's calls run concurrently
     (at most ``limit`` in flight, shared with other flows)."""
-    usage = Usage()
-    try:
-        calls = next(flow)
-        while True:
-            try:
-                answers = list(await asyncio.gather(*(_send_async(client, c, limit) for c in calls)))
-            except EndpointError as err:
-                calls = flow.throw(err)
-                continue
-            usage = usage + _tally(answers)
-            calls = flow.send(answers)
-    except StopIteration as stop:
-        return stop.value, usage
+    run = _Run(flow)
+    while run.calls is not None:
+        try:
+            answers: list[Any] | EndpointError = list(await asyncio.gather(*(_send_async(client, c, limit)
+                                                                              for c in run.calls)))
+        except EndpointError as err:
+            answers = err
+        run.send(answers)
+    return run.result, run.usage

@@ -16,6 +16,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: needs the real local LLM server (the server_url fixture)")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the real server is an e2e test, marked or not: ``-m "not e2e"`` never starts one."""
+    for item in items:
+        if "server_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """Base URL (``http://127.0.0.1:PORT/v1``) of a real OpenAI-compatible server, started once per session."""

@@ -5,10 +5,12 @@ structure, orderings and tolerances, never on exact floats (server logprobs drif
 """
 
 import asyncio
+import json
 import math
 import socket
 import threading
 
+import httpx2
 import openai
 import pytest
 
@@ -21,7 +23,7 @@ from capcal_integrations import (
 )
 from capcal_integrations.prompts import RANK_ZEPHYR, clean_passage, labels, render
 from capcal_integrations.protocol import chat_messages
-from tests._compare import assert_same_ranking
+from tests._compare import assert_same_order_up_to_ties, assert_same_ranking
 from tests._samples import PASSAGES, QUERY
 
 pytestmark = pytest.mark.e2e
@@ -50,17 +52,31 @@ def test_every_method_returns_a_permutation_with_consistent_scores(rr, method):
         assert ranking.prior is not None and math.isclose(sum(ranking.prior), 1.0, abs_tol=1e-9)
 
 
-def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(rr):
+def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(server_url):
+    # record every request the library sends to the real server
+    sent = []
+    http = httpx2.Client(event_hooks={"request": [lambda request: sent.append(request)]})
+    rr = CapCalReranker(client=openai.OpenAI(base_url=server_url, api_key="x", http_client=http))
     ranking = rr.rerank(QUERY, PASSAGES)
     steps = ranking.steps
     assert [len(s.candidates) for s in steps] == [5, 4, 3, 2]
-    chosen = [s.chosen for s in steps]
-    assert chosen == list(ranking.order[:4])
-    for earlier, later in zip(steps, steps[1:]):
-        assert earlier.chosen not in later.candidates
+    assert [s.chosen for s in steps] == list(ranking.order[:4])
     for s in steps:
-        assert s.q is not None and len(s.q) == len(s.p)
-        assert 0.0 <= s.alpha <= 2.0
+        assert s.q is not None and len(s.q) == len(s.p) and 0.0 <= s.alpha <= 2.0
+
+    # llama.cpp transport: per step one prompt list for the real and one for the empty prompt; each
+    # prompt is the rendered chat template, then the assistant prefix
+    lists = [json.loads(r.content)["prompt"] for r in sent if r.url.path.endswith("/completions")
+             and isinstance(json.loads(r.content).get("prompt"), list) and len(json.loads(r.content)["prompt"]) > 2]
+    assert len(lists) == 2 * len(steps)
+    header = "<|im_start|>assistant\n"
+    for k, (real, empty) in enumerate(zip(lists[::2], lists[1::2])):
+        assert "placeholder passage" in empty[0] and "placeholder passage" not in real[0]
+        tails = [[p.rsplit(header, 1)[1] for p in prompts] for prompts in (real, empty)]
+        assert tails[0] == tails[1], k  # the empty stream is fed the same prefix as the real one
+        chosen = " > ".join(f"[{i + 1}]" for i in ranking.order[:k])
+        assert all(t.startswith(chosen + " >" if k else "") for t in tails[0]), (k, tails[0])
+        assert all(f"[{i + 1}]" not in t for t in tails[0] for i in ranking.order[k:]), (k, tails[0])
 
 
 def test_sync_and_async_give_the_same_ranking(rr):
@@ -78,8 +94,7 @@ def test_many(rr):
     assert [sorted(r.order) for r in results] == [list(range(5)), list(range(4))]
     for again, first in zip(asyncio.run(rr.arerank_many(items)), results):
         # first-token scores are the calibrated first-step scores: equal up to the server's drift
-        assert sorted(again.order) == sorted(first.order)
-        assert max(abs(a - b) for a, b in zip(again.scores, first.scores)) < 0.05
+        assert_same_order_up_to_ties(again, first)
 
 
 def _brute_force_label_probs(client, model, messages, prefix, label_texts):

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 from .. import CapCalReranker
                 from ..server import endpoint
 
-                with endpoint(a.base_url, a.model, port=a.port, threads=a.threads) as (url, model):
+                with endpoint(a.base_url, a.model, port=a.port, threads=a.threads, reuse_default=False) as (url, model):
                     reranker = CapCalReranker(base_url=url, model=model, timeout=a.timeout)
                     meta.update(_server_meta(reranker.capabilities()))  # probed before any timing starts
                     summaries = asyncio.run(run_groups(Runner(store, reranker, progress=not a.no_progress), phases))

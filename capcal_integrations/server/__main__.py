@@ -1,0 +1,41 @@
+"""``python -m capcal_integrations.server``: serve an embedded model at http://HOST:PORT/v1 until stopped.
+
+``python -m capcal_integrations.server --model 0.5b --port 8080`` serves http://127.0.0.1:8080/v1.
+Errors are one line, ``capcal: error: ...``, and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import CapCalError
+from .llamacpp import serve
+from .models import MODELS
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m capcal_integrations.server", description=__doc__)
+    ap.add_argument("--model", choices=list(MODELS), default="0.5b",
+                    help="; ".join(f"{k}: {v.description}" for k, v in MODELS.items()))
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--n-parallel", type=int, default=8, help="server slots (default 8)")
+    ap.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot (default 4096)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    ap.add_argument("--alias", default="local", help='model name shown by /v1/models (default "local")')
+    ap.add_argument("--parent-fd", type=int, default=None,
+                    help="read end of a pipe held open by the parent; stop when it reads EOF (set by EmbeddedServer)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="capcal: %(message)s")
+    try:
+        serve(a.model, a.host, a.port, n_ctx_per_slot=a.ctx_per_slot, n_parallel=a.n_parallel,
+              threads=a.threads, alias=a.alias, parent_fd=a.parent_fd)
+    except CapCalError as e:
+        sys.stderr.write(f"capcal: error: {e}\n")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""llama.cpp's OpenAI-compatible server, in this process, through the xllamacpp wheel."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+from ..errors import MissingExtra, ServerError
+from .launcher import _url
+from .models import model_path
+
+log = logging.getLogger(__name__)
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise :class:`ServerError` unless a server could listen on host:port now (a bind test)."""
+    where = _url(host, port).removeprefix("http://")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
+            s.bind(addr)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise ServerError(f"cannot listen on {where}: the port is in use (pass --port)") from None
+        raise ServerError(f"cannot listen on {where}: {e.strerror or e}") from None
+
+
+def _watch_parent(parent_fd: int, stop: threading.Event) -> None:
+    """Block on the lifeline pipe; EOF (or an error) means the parent is gone or let go: stop."""
+    try:
+        while os.read(parent_fd, 1):
+            pass
+    except OSError:
+        pass
+    log.info("parent process gone (EOF on fd %d): stopping", parent_fd)
+    stop.set()
+
+
+def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_ctx_per_slot: int = 4096,
+          n_parallel: int = 8, threads: int | None = None, alias: str = "local", cache_ram_mib: int = 1024,
+          parent_fd: int | None = None) -> None:
+    """Serve ``model`` at http://host:port/v1 in this process until SIGINT/SIGTERM. Call from the main thread.
+
+    With ``parent_fd`` (the read end of a pipe whose write end the parent holds), also stop when that
+    pipe reads EOF, i.e. when the parent exits, however it dies.
+    """
+    try:
+        import xllamacpp as xlc  # heavy native module: import lazily
+    except ImportError:
+        raise MissingExtra("xllamacpp", "embedded") from None
+    check_port(host, port)  # before the (slow) model load, and with a clear message
+    p = xlc.CommonParams()
+    p.model.path = str(model_path(model))
+    p.hostnames = [host]
+    p.port = port
+    p.n_ctx = n_ctx_per_slot * n_parallel  # the slots split the total context between them
+    p.n_parallel = n_parallel  # the reranker keeps a "real" and an "empty" prompt cached in separate slots
+    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads or os.cpu_count() or 1
+    p.model_alias = [alias]  # must be a list: a plain str is split into characters
+    # llama.cpp keeps old prompts' KV in host RAM (8 GiB by default); a reranker revisits few of them
+    p.cache_ram_mib = cache_ram_mib
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    if parent_fd is not None:
+        threading.Thread(target=_watch_parent, args=(parent_fd, stop), name="capcal-parent-watchdog", daemon=True).start()
+    try:
+        try:
+            server = xlc.Server(p)  # returns once listening; HTTP and inference run on native threads
+        except Exception as e:  # RuntimeError "Failed to init server": bad model file, port taken meanwhile, ...
+            raise ServerError(f"llama.cpp could not start serving model {model!r} on {_url(host, port)}: {e}") from e
+        sys.stderr.write(f'capcal: serving {model} at {_url(host, port)}/v1 (model name "{alias}"); Ctrl-C to stop\n')
+        sys.stderr.flush()
+        stop.wait()
+        # xllamacpp.Server has no stop()/close(): dropping the only reference runs the C++ destructor,
+        # which stops the HTTP listener and joins the main loop (~0.1 s). No os._exit needed.
+        del server
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

