@@ -18,7 +18,8 @@ from importlib import resources
 from typing import Any, TextIO
 
 from .errors import CapCalError, InputError, SetupError
-from .options import add_option_flags, options_from_args
+from .options import OPTION_FIELDS, OPTION_NAMES, Options
+from .prompts import PromptTemplate
 from .reranker import CapCalReranker
 
 log = logging.getLogger("capcal")
@@ -36,6 +37,28 @@ def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[tup
     from .server import endpoint
 
     return endpoint(args.base_url, args.model)
+
+
+def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OPTION_NAMES) -> None:
+    """One ``--flag`` per option (default: the library's), parsed and checked by :meth:`Options.parse`."""
+    group = parser.add_argument_group("ranking options")
+    for name in only:
+        f = OPTION_FIELDS[name]
+
+        def convert(raw: str, name: str = name) -> Any:
+            try:
+                return Options.parse(name, raw)
+            except InputError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        default = f.default.name if isinstance(f.default, PromptTemplate) else f.default
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=convert, default=None,
+                           choices=f.metadata["choices"] or None, help=f"{f.metadata['doc']} (default: {default})")
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line (those left unset keep the library's defaults)."""
+    return {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name, None) is not None}
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:

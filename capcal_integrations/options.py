@@ -3,13 +3,12 @@
 :class:`Options` is the single schema: each field carries its documentation and its parser from a
 string in its metadata. Everything else is derived from it: the keyword arguments of
 :class:`~capcal_integrations.CapCalReranker` and its ``with_options``, the adapters' pydantic settings
-(:mod:`.adapter`), the ``capcal`` command-line flags (:func:`add_option_flags`) and the method specs of
+(:mod:`.adapter`), the ``capcal`` command-line flags (:mod:`.cli`) and the method specs of
 ``capcal eval`` (``capcal:alpha=1.0,probability=trie``). A new option is one new field here.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -19,7 +18,7 @@ from .calibration import FORMS
 from .errors import InputError
 from .prompts import DEFAULT_PLACEHOLDER, RANK_ZEPHYR, TEMPLATES, PromptTemplate, labels, resolve_template
 
-__all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "add_option_flags", "options_from_args"]
+__all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "option_docs"]
 
 #: Every ranking method of the engine.
 METHODS = ("capcal", "vanilla", "first-token", "first-token-capcal", "psc")
@@ -140,38 +139,16 @@ class Options:
         if name not in OPTION_NAMES:
             raise InputError(f"unknown option {name!r}; known: {', '.join(OPTION_NAMES)}")
         try:
-            return _FIELDS[name].metadata["parse"](raw)
+            return OPTION_FIELDS[name].metadata["parse"](raw)
         except InputError as err:
             raise InputError(f"{name}: {err}") from None
 
 
-_FIELDS = {f.name: f for f in fields(Options)}
+OPTION_FIELDS = {f.name: f for f in fields(Options)}
 #: The option names, in declaration order.
-OPTION_NAMES = tuple(_FIELDS)
+OPTION_NAMES = tuple(OPTION_FIELDS)
 
 
 def option_docs() -> Mapping[str, str]:
     """Each option's one-line documentation."""
-    return {name: f.metadata["doc"] for name, f in _FIELDS.items()}
-
-
-def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OPTION_NAMES) -> None:
-    """One ``--flag`` per option (default: the library's), parsed and checked by :meth:`Options.parse`."""
-    group = parser.add_argument_group("ranking options")
-    for name in only:
-        f = _FIELDS[name]
-
-        def convert(raw: str, name: str = name) -> Any:
-            try:
-                return Options.parse(name, raw)
-            except InputError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-
-        default = f.default.name if isinstance(f.default, PromptTemplate) else f.default
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=convert, default=None,
-                           choices=f.metadata["choices"] or None, help=f"{f.metadata['doc']} (default: {default})")
-
-
-def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The options given on the command line (those left unset keep the library's defaults)."""
-    return {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name, None) is not None}
+    return {name: f.metadata["doc"] for name, f in OPTION_FIELDS.items()}
