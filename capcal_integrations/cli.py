@@ -36,7 +36,7 @@ def _reranker(args: argparse.Namespace, base_url: str, model: str | None) -> Cap
 def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[tuple[str, str | None]]:
     from .server import endpoint
 
-    return endpoint(args.base_url, args.model)
+    return endpoint(args.base_url, args.model, engine=args.engine)
 
 
 def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OPTION_NAMES) -> None:
@@ -65,6 +65,8 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 (default: "
                                       "$CAPCAL_BASE_URL, a server already on 127.0.0.1:8080, else the embedded one)")
     p.add_argument("--model", default="0.5b", help="embedded model to start when no endpoint is given (0.5b, 1.5b, smollm2)")
+    p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+                   help="engine of the embedded server started when no endpoint is given (default llamacpp)")
     p.add_argument("--model-name", default=None, help="model name to send to the endpoint (default: the first it lists)")
     add_option_flags(p)
 
@@ -197,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests and decisions")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="serve the embedded model with llama.cpp's OpenAI-compatible server")
+    p = sub.add_parser("serve", help="serve the embedded model with llama.cpp's (or vLLM's) OpenAI-compatible server")
+    p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+                   help="llamacpp (default; the xllamacpp wheel) or vllm (the installed vLLM, or $CAPCAL_VLLM_PYTHON's; "
+                        "the model is converted to Hugging Face format once)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model", default="0.5b", help="0.5b (default), 1.5b or smollm2")
@@ -246,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
     try:
         if args.command == "serve":
+            if args.engine == "vllm":
+                from .server import vllm
+
+                return vllm.serve(args.model, args.host, args.port)
             from .server import serve
 
             serve(args.model, args.host, args.port, n_parallel=args.n_parallel)

@@ -118,13 +118,12 @@ def score_labels(labels: Sequence[Path], children: Mapping[Path, Sequence[Token]
     return LabelScores(tuple(out), bounds)
 
 
-def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, str]], labels: Sequence[Path], *,
+def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path]], labels: Sequence[Path], *,
                    form: str = "joint", top: int = 20) -> Flow[list[LabelScores]]:
-    """Log-probability of every label after each ``(messages, assistant_prefix)`` context."""
+    """Log-probability of every label after each ``(messages, assistant prefix tokens)`` context."""
     children = label_trie(labels)
     asked = nodes_to_ask(children, form)
-    queries = [Query(messages, prefix + "".join(piece for _, piece in node), tuple(children[node]))
-               for messages, prefix in contexts for node in asked]
+    queries = [Query(messages, prefix + node, tuple(children[node])) for messages, prefix in contexts for node in asked]
     found = yield from _ask(state, queries, top)
     return [score_labels(labels, children, dict(zip(asked, found[c * len(asked):(c + 1) * len(asked)])), form)
             for c in range(len(contexts))]
@@ -136,6 +135,8 @@ def _ask(state: EndpointState, queries: list[Query], top: int) -> Flow[list[Answ
         return []
     largest = state.caps.max_top_logprobs if state.caps else top
     found = yield from next_token_logprobs(state, queries, min(top, largest))
+    if state.caps and state.caps.logprob_token_ids:
+        return found  # the server returned exactly the wanted tokens
     retry = [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
     if retry and largest > top:
         again = yield from next_token_logprobs(state, [queries[i] for i in retry], largest)

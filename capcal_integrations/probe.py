@@ -10,6 +10,7 @@ lacks answer 400/404/405/422/501; :func:`optional` turns exactly those into ``No
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,25 +84,79 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
     context = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0) or next(
         (m[k] for m in entries for k in ("max_model_len", "context_length") if isinstance(m.get(k), int)), None)
 
-    rendered = yield from optional(Call("POST", "/apply-template", {"messages": chat_messages((("user", "x"),))},
-                                        root=True))
-    template = isinstance(rendered, Mapping) and isinstance(rendered.get("prompt"), str)
-
     chat = yield from _probe_chat(model, 100 if server else 20)
-    prompt_lists = False
-    if template and chat.logprobs:
-        answer = yield from optional(Call("POST", "completions", {
-            "model": model, "prompt": ["A B C", "1 2 3"], "max_tokens": 1, "logprobs": 5, "temperature": 0}))
-        prompt_lists = (isinstance(answer, Mapping) and len(answer.get("choices") or []) == 2
-                        and all(top_entries(c) for c in answer["choices"]))
+    lists = (yield from _probe_completions(model, tokenize)) if chat.logprobs else Completions()
+    if lists.transport == "token-completions":
+        server = server or "vllm"
     caps = Capabilities(
         model=model, logprobs=chat.logprobs,
-        max_top_logprobs=1000 if server == "llama.cpp" else chat.max_top_logprobs,
-        transport="completions" if prompt_lists else ("chat" if chat.prefill else ""),
-        chat_extra=dict(chat.extra), tokenize=tokenize, template=template, prompt_lists=prompt_lists,
-        context=context, server=server, slots=int(props.get("total_slots") or 0))
+        max_top_logprobs=1000 if server == "llama.cpp" else max(lists.max_top_logprobs, chat.max_top_logprobs),
+        transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
+        tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport),
+        logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
+        slots=int(props.get("total_slots") or 0))
     log.info("probed endpoint: %s", caps)
     return caps
+
+
+@dataclass(frozen=True)
+class Completions:
+    """Whether ``/v1/completions`` takes the chat-templated prompt as a list of prompts, as text
+    (llama.cpp: ``/apply-template``) or as token ids (vLLM: ``/tokenize`` with ``messages``); whether
+    it returns the logprobs of given token ids (vLLM's ``logprob_token_ids``); and its top-k limit."""
+
+    transport: str = ""  # "completions" | "token-completions" | ""
+    logprob_token_ids: bool = False
+    max_top_logprobs: int = 0
+
+
+def _probe_completions(model: str, tokenize: str) -> Flow[Completions]:
+    messages = chat_messages((("user", "x"),))
+    rendered = yield from optional(Call("POST", "/apply-template", {"messages": messages}, root=True))
+    if isinstance(rendered, Mapping) and isinstance(rendered.get("prompt"), str):
+        answer = yield from optional(Call("POST", "completions", {
+            "model": model, "prompt": ["A B C", "1 2 3"], "max_tokens": 1, "logprobs": 5, "temperature": 0}))
+        return Completions("completions" if _two_choices(answer, by_id=False) else "")
+    if tokenize != "vllm":
+        return Completions()
+    rendered = yield from optional(Call("POST", "/tokenize", {"model": model, "messages": messages,
+                                                              "add_generation_prompt": True,
+                                                              "add_special_tokens": False}, root=True))
+    ids = rendered.get("tokens") if isinstance(rendered, Mapping) else None
+    if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
+        return Completions()
+    body = {"model": model, "prompt": [ids, ids[:-1]], "max_tokens": 1, "temperature": 0,
+            "return_tokens_as_token_ids": True}
+    answer = yield from optional(Call("POST", "completions", {**body, "logprobs": 5}))
+    if not _two_choices(answer, by_id=True):
+        return Completions()
+    wanted = sorted({ids[-1], ids[0]})
+    answer = yield from optional(Call("POST", "completions", {**body, "logprobs": 1, "logprob_token_ids": wanted}))
+    exact = _two_choices(answer, by_id=True) and all(
+        set(wanted) <= {e[0] for e in top_entries(c)} for c in answer["choices"])
+    return Completions("token-completions", exact, (yield from _top_limit(model, ids)))
+
+
+def _top_limit(model: str, ids: list[int]) -> Flow[int]:
+    """The largest top-k the server returns: vLLM refuses more than its ``--max-logprobs`` (default
+    20) with "... greater than max allowed: N"; a server that answers 1001 has enough for any re-ask."""
+    try:
+        yield [Call("POST", "completions", {"model": model, "prompt": [ids], "max_tokens": 1, "logprobs": 1001,
+                                            "temperature": 0})]
+    except EndpointError as err:
+        if err.status not in _UNSUPPORTED:
+            raise
+        found = re.search(r"max allowed: (\d+)", str(err.body))
+        return int(found.group(1)) if found else 20
+    return 1000
+
+
+def _two_choices(answer: Any, *, by_id: bool) -> bool:
+    choices = answer.get("choices") if isinstance(answer, Mapping) else None
+    if not (isinstance(choices, list) and len(choices) == 2):
+        return False
+    entries = [top_entries(c) for c in choices]
+    return all(entries) and (not by_id or all(e[0] is not None for es in entries for e in es))
 
 
 def _probe_chat(model: str, top: int) -> Flow[ChatSupport]:

@@ -7,10 +7,18 @@ or an async ``openai`` client, so the sync and async APIs are the same code by c
 shape of httpx's ``auth_flow``).
 
 Here: the per-endpoint state (:class:`EndpointState`), tokenizing, and reading next-token
-log-probabilities after an assistant prefix, through llama.cpp's templated ``/v1/completions``
-prompt lists or through chat completions that continue a prefilled assistant message; both logprob
-shapes (the ``content`` list and the legacy ``top_logprobs`` dicts) are parsed. Probing what an
-endpoint can do is :mod:`.probe`.
+log-probabilities after an assistant prefix, by one of three transports:
+
+* ``"completions"`` (llama.cpp): the chat template rendered as text (``/apply-template``), then every
+  prefix of one prompt as a prompt list in one ``/v1/completions`` request;
+* ``"token-completions"`` (vLLM): the same, in token ids: the template's ids from ``/tokenize`` with
+  ``messages``, the assistant prefix as the served model's own label token ids, answers keyed by
+  token id (``return_tokens_as_token_ids``), and where the server has it, ``logprob_token_ids``
+  returns exactly the tokens wanted (no top-k, no upper bounds);
+* ``"chat"``: chat completions that continue a prefilled assistant message, one request per prefix.
+
+Both logprob shapes (the ``content`` list and the legacy ``top_logprobs`` dicts) are parsed.
+Probing what an endpoint can do is :mod:`.probe`.
 """
 
 from __future__ import annotations
@@ -44,11 +52,16 @@ Flow = Generator[list[Call], list[Any], T]
 
 @dataclass(frozen=True)
 class Query:
-    """Next-token log-probabilities wanted after ``messages`` + assistant text ``prefix``."""
+    """Next-token log-probabilities wanted after ``messages`` and an assistant ``prefix``, given as
+    the served model's tokens (so a transport can send ids, or their text)."""
 
     messages: Messages
-    prefix: str
+    prefix: tuple[Token, ...]
     want: tuple[Token, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(piece for _, piece in self.prefix)
 
 
 @dataclass
@@ -90,7 +103,7 @@ class EndpointState:
     model: str | None = None
     caps: Capabilities | None = None
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
-    templates: dict[Messages, str] = field(default_factory=dict)
+    templates: dict[Messages, Any] = field(default_factory=dict)  # rendered text, or token ids
     slots: SlotPins = field(default_factory=SlotPins)
 
 
@@ -134,14 +147,31 @@ def tokenize_call(kind: str, model: str, text: str) -> Call:
                                       "return_token_strs": True}, root=True)
 
 
-def tokenize(caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[Token]]]:
-    """Tokenize each text with the served model's own tokenizer (no special tokens)."""
+def tokenize(caps: Capabilities, texts: Sequence[str], *, text: bool = False) -> Flow[list[list[Token]]]:
+    """Tokenize each text with the served model's own tokenizer (no special tokens).
+
+    llama.cpp's pieces are text. vLLM's ``token_strs`` are the tokenizer's own symbols (``"Ġ["``,
+    ``"▁["``), not text: with ``text=True`` each piece is recovered from ``/detokenize`` of the
+    growing id prefixes (a piece is what its token adds to the decoded text)."""
     if not caps.tokenize:
         raise CapabilityError(
             "the endpoint has no /tokenize route, so identifier labels cannot be built from the served "
             "model's tokenizer (llama.cpp and vLLM have one)", missing="tokenize")
     answers = yield [tokenize_call(caps.tokenize, caps.model, t) for t in texts]
-    return [parse_tokens(a) for a in answers]
+    tokens = [parse_tokens(a) for a in answers]
+    if not text or caps.tokenize != "vllm":
+        return tokens
+    prefixes = sorted({tuple(i for i, _ in ts[:j]) for ts in tokens for j in range(1, len(ts) + 1)})
+    decoded = yield [Call("POST", "/detokenize", {"model": caps.model, "tokens": list(p)}, root=True) for p in prefixes]
+    text_of = {p: str(d.get("prompt", "")) if isinstance(d, Mapping) else "" for p, d in zip(prefixes, decoded)}
+    out = []
+    for original, ts in zip(texts, tokens):
+        ids = tuple(i for i, _ in ts)
+        pieces = [text_of[ids[:j + 1]][len(text_of[ids[:j]]) if j else 0:] for j in range(len(ids))]
+        if pieces and original.startswith(" ") and not pieces[0].startswith(" "):
+            pieces[0] = " " + pieces[0]  # SentencePiece decoders drop a leading space
+        out.append([(i, p) for i, p in zip(ids, pieces)])
+    return out
 
 
 # --------------------------------------------------------------------------- next-token log-probabilities
@@ -159,8 +189,18 @@ def top_entries(choice: Any) -> list[tuple[int | None, str, float]]:
                 for e in first.get("top_logprobs") or [] if e.get("logprob") is not None]
     legacy = lp.get("top_logprobs")
     if isinstance(legacy, list) and legacy and isinstance(legacy[0], Mapping):
-        return [(None, str(piece), float(value)) for piece, value in legacy[0].items()]
+        return [(_token_id(str(piece)), str(piece), float(value)) for piece, value in legacy[0].items()
+                if value is not None]
     return []
+
+
+def _token_id(key: str) -> int | None:
+    """vLLM's ``return_tokens_as_token_ids`` keys are ``"token_id:123"``.
+
+    >>> _token_id("token_id:508"), _token_id(" [")
+    (508, None)
+    """
+    return int(key[9:]) if key.startswith("token_id:") and key[9:].isdigit() else None
 
 
 def _match(entries: list[tuple[int | None, str, float]], want: Sequence[Token]) -> tuple[TokenLogprobs, float]:
@@ -183,11 +223,11 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
     where the endpoint takes prompt lists."""
     caps = state.caps
     assert caps is not None, "probe the endpoint first"
-    if caps.transport == "completions":
+    if caps.transport in ("completions", "token-completions"):
         choices = yield from _completions(state, caps, queries, top)
     elif caps.transport == "chat":
         answers = yield [Call("POST", "chat/completions", {
-            "model": caps.model, "messages": chat_messages(q.messages, q.prefix), "max_tokens": 1,
+            "model": caps.model, "messages": chat_messages(q.messages, q.text), "max_tokens": 1,
             "temperature": 0, "logprobs": True, "top_logprobs": top, **caps.chat_extra}) for q in queries]
         choices = [(a.get("choices") or [None])[0] for a in answers]
     else:
@@ -205,23 +245,28 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
 
 
 def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
-    """llama.cpp: the chat template rendered once per prompt (``/apply-template``), then one
-    ``/v1/completions`` request per prompt with every prefix as a prompt list, pinned to a slot."""
+    """One ``/v1/completions`` request per prompt with every prefix as a prompt list: llama.cpp gets
+    text (the template from ``/apply-template``), pinned to a slot; vLLM gets token ids (the template
+    from ``/tokenize`` with ``messages``) and answers by token id."""
+    tokens = caps.transport == "token-completions"
     missing = sorted({q.messages for q in queries if q.messages not in state.templates})
     if missing:
-        answers = yield [Call("POST", "/apply-template", {"messages": chat_messages(m)}, root=True) for m in missing]
+        answers = yield [_template_call(caps, m) for m in missing]
         for m, a in zip(missing, answers):
-            prompt = a.get("prompt") if isinstance(a, Mapping) else None
-            if not isinstance(prompt, str):
-                raise ResponseError("malformed /apply-template answer", body=a)
-            state.templates[m] = prompt
+            state.templates[m] = _template_of(a, tokens)
     groups: dict[Messages, list[int]] = {}
     for i, q in enumerate(queries):
         groups.setdefault(q.messages, []).append(i)
     calls = []
     for messages, members in groups.items():
-        body = {"model": caps.model, "prompt": [state.templates[messages] + queries[i].prefix for i in members],
-                "max_tokens": 1, "logprobs": top, "temperature": 0}
+        template = state.templates[messages]
+        prompts = ([[*template, *(i for i, _ in queries[j].prefix)] for j in members] if tokens
+                   else [template + queries[j].text for j in members])
+        body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0}
+        if tokens:
+            body["return_tokens_as_token_ids"] = True
+            if caps.logprob_token_ids:  # exactly the wanted tokens, whatever their rank
+                body.update(logprobs=1, logprob_token_ids=sorted({i for j in members for i, _ in queries[j].want}))
         if caps.slots > 1:
             body["id_slot"] = state.slots.pin(messages, caps.slots)
         calls.append(Call("POST", "completions", body))
@@ -234,3 +279,23 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
         for i, choice in zip(members, got):
             choices[i] = choice
     return choices
+
+
+def _template_call(caps: Capabilities, messages: Messages) -> Call:
+    if caps.transport == "token-completions":
+        return Call("POST", "/tokenize", {"model": caps.model, "messages": chat_messages(messages),
+                                          "add_generation_prompt": True, "add_special_tokens": False}, root=True)
+    return Call("POST", "/apply-template", {"messages": chat_messages(messages)}, root=True)
+
+
+def _template_of(answer: Any, tokens: bool) -> Any:
+    """The rendered template: text (``/apply-template``) or token ids (vLLM's ``/tokenize``)."""
+    if tokens:
+        ids = answer.get("tokens") if isinstance(answer, Mapping) else None
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            return tuple(ids)
+        raise ResponseError("malformed /tokenize answer for the chat template", body=answer)
+    prompt = answer.get("prompt") if isinstance(answer, Mapping) else None
+    if not isinstance(prompt, str):
+        raise ResponseError("malformed /apply-template answer", body=answer)
+    return prompt

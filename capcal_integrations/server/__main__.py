@@ -17,6 +17,8 @@ from .models import MODELS
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m capcal_integrations.server", description=__doc__)
+    ap.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+                    help="llamacpp (default: the xllamacpp wheel) or vllm (whatever vLLM $CAPCAL_VLLM_PYTHON has)")
     ap.add_argument("--model", choices=list(MODELS), default="0.5b",
                     help="; ".join(f"{k}: {v.description}" for k, v in MODELS.items()))
     ap.add_argument("--host", default="127.0.0.1")
@@ -30,6 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="capcal: %(message)s")
     try:
+        if a.engine == "vllm":
+            from . import vllm
+
+            sys.exit(vllm.serve(a.model, a.host, a.port, alias=a.alias, max_model_len=a.ctx_per_slot,
+                                parent_fd=a.parent_fd))
         serve(a.model, a.host, a.port, n_ctx_per_slot=a.ctx_per_slot, n_parallel=a.n_parallel,
               threads=a.threads, alias=a.alias, parent_fd=a.parent_fd)
     except CapCalError as e:

@@ -52,8 +52,9 @@ def _get_json(url: str, timeout: float = 2.0) -> tuple[int, object]:
 
 
 def _healthy(root: str) -> bool:
-    status, body = _get_json(root + "/health")  # llama.cpp: 503 while loading, {"status": "ok"} when ready
-    return status == 200 and isinstance(body, dict) and body.get("status") == "ok"
+    # llama.cpp: 503 while loading, then {"status": "ok"}; vLLM: 200 with an empty body once ready
+    status, body = _get_json(root + "/health")
+    return status == 200 and (body is None or (isinstance(body, dict) and body.get("status") == "ok"))
 
 
 def find_running(host: str = "127.0.0.1", port: int = 8080) -> str | None:
@@ -75,6 +76,7 @@ class EmbeddedServer:
 
     engine = "llama.cpp"
     default_startup_timeout: float = 120
+    stop_timeout: float = 10
 
     def __init__(self, model: str = "0.5b", host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout: float | None = None, *, n_parallel: int = 8, ctx_per_slot: int = 4096,
@@ -158,7 +160,8 @@ class EmbeddedServer:
         raise self._fail(f"was not healthy after {self.startup_timeout:g} s")
 
     def stop(self) -> None:
-        """SIGTERM the child's process group, wait up to 10 s, then SIGKILL; close the lifeline. Idempotent."""
+        """SIGTERM the child's process group, wait up to :attr:`stop_timeout`, then SIGKILL; close the
+        lifeline. Idempotent."""
         proc, self._proc = self._proc, None
         lifeline, self._lifeline = self._lifeline, None
         atexit.unregister(self.stop)
@@ -168,13 +171,13 @@ class EmbeddedServer:
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(proc.pid, sig)
-                    proc.wait(timeout=10)
+                    proc.wait(timeout=self.stop_timeout)
                     return
                 except ProcessLookupError:
                     proc.wait()
                     return
                 except subprocess.TimeoutExpired:
-                    log.warning("server pid %d still running 10 s after %s", proc.pid, sig.name)
+                    log.warning("server pid %d still running %g s after %s", proc.pid, self.stop_timeout, sig.name)
         finally:
             if lifeline is not None:
                 os.close(lifeline)
@@ -186,16 +189,42 @@ class EmbeddedServer:
         self.stop()
 
 
+class VllmServer(EmbeddedServer):
+    """The same packaged model served by vLLM (:mod:`.vllm`) as a child process. The child is
+    ``python -m capcal_integrations.server --engine vllm``, which runs vLLM in its own process group
+    and stops it when the lifeline closes."""
+
+    engine = "vLLM"
+    default_startup_timeout: float = 900  # CPU builds take about 2 min to become healthy, more on a busy machine
+    stop_timeout: float = 40
+
+    def _prepare(self) -> None:
+        from .vllm import check_vllm, hf_model_dir
+
+        hf_model_dir(self.model, python=check_vllm())  # converted here, so a failure surfaces in the parent
+
+    def _command(self, parent_fd: int) -> list[str]:
+        return [sys.executable, "-m", "capcal_integrations.server", "--engine", "vllm", "--model", self.model,
+                "--host", self.host, "--port", str(self.port), "--parent-fd", str(parent_fd), "--alias", self.alias,
+                "--ctx-per-slot", str(self.ctx_per_slot)]
+
+
+#: The local engines, by the name ``--engine`` takes.
+ENGINES = ("llamacpp", "vllm")
+
+
 @contextlib.contextmanager
 def endpoint(base_url: str | None, model: str | None = None, *, port: int | None = None,
-             threads: int | None = None, reuse_default: bool = True) -> Iterator[tuple[str, str | None]]:
+             threads: int | None = None, reuse_default: bool = True,
+             engine: str = "llamacpp") -> Iterator[tuple[str, str | None]]:
     """``(base_url, model name to send)`` for the duration of the ``with`` block.
 
     1. ``base_url``, else ``$CAPCAL_BASE_URL``: used as is; ``model`` is sent unless it names an
        embedded model (then None: let the endpoint pick).
     2. A healthy server already at 127.0.0.1:``port`` (default 8080, unless ``reuse_default`` is
        false: then only a given ``port`` is reused): reused; name None.
-    3. Otherwise the embedded server for ``model`` (default "0.5b") is started here and stopped on exit.
+    3. Otherwise the embedded server for ``model`` (default "0.5b") is started here with ``engine``
+       (``"llamacpp"`` or ``"vllm"``) and stopped on exit.
     """
     base_url = base_url or os.environ.get("CAPCAL_BASE_URL")
     if base_url:
@@ -210,7 +239,10 @@ def endpoint(base_url: str | None, model: str | None = None, *, port: int | None
         log.info("using the server already running at %s", running)
         yield running, None
         return
-    log.info("starting the embedded %s model server (no --base-url given)", embedded)
-    with EmbeddedServer(model=embedded, port=port, threads=threads) as server:
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    log.info("starting the embedded %s model server with %s (no --base-url given)", embedded, engine)
+    extra = {"threads": threads} if engine == "llamacpp" else {}
+    with (VllmServer if engine == "vllm" else EmbeddedServer)(model=embedded, port=port, **extra) as server:
         log.info("embedded %s server ready at %s (log %s)", embedded, server.base_url, server.log_path)
         yield server.base_url, None

@@ -5,13 +5,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 
 from ..errors import MissingExtra, ServerError
 from .launcher import _url
+from .lifeline import stop_signal
 from .models import model_path
 
 log = logging.getLogger(__name__)
@@ -29,17 +28,6 @@ def check_port(host: str, port: int) -> None:
         if e.errno == errno.EADDRINUSE:
             raise ServerError(f"cannot listen on {where}: the port is in use (pass --port)") from None
         raise ServerError(f"cannot listen on {where}: {e.strerror or e}") from None
-
-
-def _watch_parent(parent_fd: int, stop: threading.Event) -> None:
-    """Block on the lifeline pipe; EOF (or an error) means the parent is gone or let go: stop."""
-    try:
-        while os.read(parent_fd, 1):
-            pass
-    except OSError:
-        pass
-    log.info("parent process gone (EOF on fd %d): stopping", parent_fd)
-    stop.set()
 
 
 def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_ctx_per_slot: int = 4096,
@@ -65,11 +53,7 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
     p.model_alias = [alias]  # must be a list: a plain str is split into characters
     # llama.cpp keeps old prompts' KV in host RAM (8 GiB by default); a reranker revisits few of them
     p.cache_ram_mib = cache_ram_mib
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    if parent_fd is not None:
-        threading.Thread(target=_watch_parent, args=(parent_fd, stop), name="capcal-parent-watchdog", daemon=True).start()
-    try:
+    with stop_signal(parent_fd) as stop:
         try:
             server = xlc.Server(p)  # returns once listening; HTTP and inference run on native threads
         except Exception as e:  # RuntimeError "Failed to init server": bad model file, port taken meanwhile, ...
@@ -80,6 +64,3 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
         # xllamacpp.Server has no stop()/close(): dropping the only reference runs the C++ destructor,
         # which stops the HTTP listener and joins the main loop (~0.1 s). No os._exit needed.
         del server
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
