@@ -46,9 +46,35 @@ def content_logprobs(prompt: str, top: int) -> dict:
     return {"content": [{**entries[0], "top_logprobs": entries}]}
 
 
+def symbol(piece: str) -> str:
+    """How a byte-level BPE tokenizer spells a piece (vLLM's ``token_strs``): a space is ``Ġ``."""
+    return piece.replace(" ", "Ġ")
+
+
+def vllm_completions(body: dict, max_logprobs: int) -> httpx2.Response:
+    """vLLM's ``/v1/completions`` on token-id prompt lists: legacy logprobs, keys ``token_id:N`` with
+    ``return_tokens_as_token_ids``, exactly ``logprob_token_ids`` when given, a top-k limit."""
+    top = body.get("logprobs") or 0
+    if top > max_logprobs or top < 0:
+        message = f"Requested sample logprobs of {top}, which is greater than max allowed: {max_logprobs}"
+        return httpx2.Response(400, json={"error": {"message": message, "code": 400}})
+    key = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: PIECE[t])
+    choices = []
+    for i, ids in enumerate(body["prompt"]):
+        dist = distribution("".join(PIECE.get(t, "x") for t in ids))
+        wanted = body.get("logprob_token_ids")
+        shown = [(t, lp) for t, lp in dist if t in wanted] + dist[:1] if wanted else dist[:top]
+        choices.append({"index": i, "text": PIECE[dist[0][0]], "logprobs": {
+            "tokens": [key(dist[0][0])], "top_logprobs": [{key(t): lp for t, lp in shown}]}})
+    return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+
+
 def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | None = None,
-                 legacy: bool = False, context: int = 4096, slots: int = 0, calls: list | None = None):
-    """``fault(request)`` may return a response to send instead (e.g. a 500) or None to proceed."""
+                 legacy: bool = False, context: int = 4096, slots: int = 0, calls: list | None = None,
+                 vllm: bool = False, max_logprobs: int = 20):
+    """``fault(request)`` may return a response to send instead (e.g. a 500) or None to proceed.
+    ``vllm=True`` answers as vLLM does: no ``/apply-template`` or ``/props``, its ``/tokenize`` and
+    ``/detokenize`` shapes, token-id prompts, ``logprob_token_ids``, a top-k limit of ``max_logprobs``."""
 
     def handler(request: httpx2.Request) -> httpx2.Response:
         if calls is not None:
@@ -59,6 +85,10 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
                 return forced
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
+        if vllm:
+            forced = _vllm_only(path, body, context, max_logprobs)
+            if forced is not None:
+                return forced
         if path == "/v1/models":
             return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "llamacpp"}]})
         if path == "/props":
@@ -89,6 +119,26 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
         return httpx2.Response(404, json={"error": "not found"})
 
     return handler
+
+
+def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> httpx2.Response | None:
+    if path == "/v1/models":
+        return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "vllm", "max_model_len": context}]})
+    if path in ("/props", "/apply-template"):
+        return httpx2.Response(404, json={"detail": "Not Found"})
+    if path == "/tokenize" and "messages" in body:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
+        return httpx2.Response(200, json={"tokens": [t for t, _ in tokenize(text)]})
+    if path == "/tokenize":
+        if "prompt" not in body:  # llama.cpp's shape ({"content": ...}) is a validation error here
+            return httpx2.Response(400, json={"error": {"message": "prompt: Field required", "code": 400}})
+        pieces = tokenize(body["prompt"])
+        return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
+    if path == "/detokenize":
+        return httpx2.Response(200, json={"prompt": "".join(PIECE.get(t, "x") for t in body["tokens"])})
+    if path == "/v1/completions" and body["prompt"] and isinstance(body["prompt"][0], list):
+        return vllm_completions(body, max_logprobs)
+    return None
 
 
 def clients(handler, *, max_retries: int = 0) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
