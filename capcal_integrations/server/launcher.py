@@ -129,7 +129,7 @@ class EmbeddedServer:
             with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as s:
                 s.bind((self.host, 0))
                 self.port = s.getsockname()[1]
-        self.log_path = cache_dir() / "logs" / f"server-{self.model}-{self.port}.log"
+        self.log_path = cache_dir() / "logs" / f"{self.engine.lower().replace('.', '')}-{self.model}-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
         read_fd, write_fd = os.pipe()  # both non-inheritable: other children never hold the write end
