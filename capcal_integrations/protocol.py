@@ -17,8 +17,7 @@ log-probabilities after an assistant prefix, by one of three transports:
   returns exactly the tokens wanted (no top-k, no upper bounds);
 * ``"chat"``: chat completions that continue a prefilled assistant message, one request per prefix.
 
-Both logprob shapes (the ``content`` list and the legacy ``top_logprobs`` dicts) are parsed.
-Probing what an endpoint can do is :mod:`.probe`.
+Both logprob shapes (``content`` lists, legacy ``top_logprobs`` dicts) are parsed; probing is :mod:`.probe`.
 """
 
 from __future__ import annotations

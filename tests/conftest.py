@@ -41,12 +41,16 @@ def server_url() -> Iterator[str]:
         return
     from capcal_integrations.server import EmbeddedServer
 
-    server = EmbeddedServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"))
+    yield from _serving(EmbeddedServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b")))
+
+
+def _serving(server) -> Iterator[str]:
+    """Start ``server`` for the session; stop it (SIGTERM to its process group, then SIGKILL) after."""
     server.start()
     try:
         yield server.base_url
     finally:
-        server.stop()  # SIGTERM to the child's process group by PID, SIGKILL after 10 s
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -66,12 +70,7 @@ def vllm_url() -> Iterator[str]:
         if os.environ.get("CAPCAL_REQUIRE_VLLM") == "1":
             pytest.fail(f"CAPCAL_REQUIRE_VLLM=1 but vLLM is not usable: {err}")
         pytest.skip(f"no vLLM: {err}")
-    server = VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"))
-    server.start()
-    try:
-        yield server.base_url
-    finally:
-        server.stop()
+    yield from _serving(VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b")))
 
 
 @pytest.fixture(scope="session")
