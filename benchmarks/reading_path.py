@@ -2,7 +2,7 @@
 ``capcal_integrations`` that executes during one CapCal reranking of 5 passages (against the
 fake llama.cpp-style endpoint of the tests, so it needs no server), and the files they are in.
 
-    python benchmarks/reading_path.py            # run from a checkout; prints one line
+    python benchmarks/reading_path.py            # run from a checkout; prints two lines
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ PACKAGE = str(pathlib.Path(__file__).resolve().parent.parent / "capcal_integrati
 def main() -> None:
     sync, async_ = clients(make_handler())
     rr = CapCalReranker(client=sync, async_client=async_)
+    for when in ("first call (probes the endpoint)", "a later call"):
+        print(f"{when}: {_path(rr)}")
+
+
+def _path(rr: CapCalReranker) -> str:
     seen = set()
 
     def profile(frame, event, arg):
@@ -40,8 +45,8 @@ def main() -> None:
         lines += len(source.splitlines())
         code += _code_lines(source)
     files = sorted({pathlib.Path(c.co_filename).name for c in seen})
-    print(f"{len(seen)} functions, {lines} lines ({code} without docstrings, comments and blank lines), "
-          f"{len(files)} files: {', '.join(files)}")
+    return (f"{len(seen)} functions, {lines} lines ({code} without docstrings, comments and blank lines), "
+            f"{len(files)} files: {', '.join(files)}")
 
 
 def _code_lines(source: str) -> int:
