@@ -81,8 +81,10 @@ def run_engine(name: str, url: str | None, queries: list[dict], args: argparse.N
         done.setdefault("engines", {})[name] = {"transport": caps.transport, "server": caps.server,
                                                 "logprob_token_ids": caps.logprob_token_ids}
         rows = done.setdefault("rows", [])
-        for q in queries:
+        for n, q in enumerate(queries):
             for method in METHODS:
+                if method == "psc" and n >= args.psc_queries:
+                    continue
                 if any(r["engine"] == name and r["qid"] == q["qid"] and r["method"] == method for r in rows):
                     continue
                 rows.append({"engine": name, **_rank(rr, sent, q, args.top, method)})
@@ -150,6 +152,7 @@ def main() -> None:
     ap.add_argument("--data", default="../shared/data/trec-dl19-passage")
     ap.add_argument("--queries", type=int, default=5)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--psc-queries", type=int, default=5, help="psc (m=5, five times vanilla's cost) on the first N only")
     ap.add_argument("--engines", default="llamacpp,vllm")
     ap.add_argument("--llamacpp-url")
     ap.add_argument("--vllm-url")
