@@ -78,14 +78,15 @@ class ResponseError(EndpointError):
 
 
 class MissingExtra(CapCalError, ImportError):
-    """An optional dependency is missing; the message names the extra that installs it.
+    """An optional dependency is missing; the message says how to install it (by default the extra).
 
     >>> str(MissingExtra("xllamacpp", "embedded"))
     'xllamacpp is not installed: pip install "capcal-integrations[embedded]"'
     """
 
-    def __init__(self, package: str, extra: str) -> None:
-        super().__init__(f'{package} is not installed: pip install "capcal-integrations[{extra}]"')
+    def __init__(self, package: str, extra: str, install: str | None = None) -> None:
+        install = install or f'pip install "capcal-integrations[{extra}]"'
+        super().__init__(f"{package} is not installed: {install}")
         self.package, self.extra = package, extra
 
 

