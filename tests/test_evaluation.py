@@ -364,3 +364,16 @@ def test_eval_command_unreachable_endpoint_is_a_clean_error(tmp_path, capsys):
                    "--base-url", "http://127.0.0.1:9/v1", "--timeout", "5"])
     assert status == 1 and "capcal eval: error:" in capsys.readouterr().err
     assert (out / "report.md").is_file()
+
+
+def test_release_ndcg_takes_the_ideal_from_the_judged_candidates_only():
+    from capcal_integrations.evaluation.data import Qrel, ScoredDoc
+    from capcal_integrations.evaluation.metrics import CANDIDATES_NDCG
+
+    # d3 is relevant but was not retrieved; the run ranks d2 (grade 0) above d1 (grade 1)
+    qrels = [Qrel("q", "d1", 1), Qrel("q", "d2", 0), Qrel("q", "d3", 1)]
+    run = [ScoredDoc("q", "d2", 2.0), ScoredDoc("q", "d1", 1.0)]
+    got = per_query(qrels, run, ["q"])
+    dcg = 1 / math.log2(3)  # d1 at rank 2
+    assert got["nDCG@10"]["q"] == pytest.approx(dcg / (1 + 1 / math.log2(3)))  # ideal: d1 and d3
+    assert got[CANDIDATES_NDCG]["q"] == pytest.approx(dcg / 1)  # ideal: d1 alone

@@ -25,7 +25,7 @@ from .bias import (
     rank_of,
 )
 from .data import Dataset, ScoredDoc, run_of
-from .metrics import MEASURES, PairedTest, mean, paired_test, per_query
+from .metrics import CANDIDATES_NDCG, MEASURES, PairedTest, mean, paired_test, per_query
 from .store import Store, record_key
 
 __all__ = ["Quality", "quality", "Bias", "bias", "input_tau", "needle_ranks", "auc", "content_auc", "signal_split",
@@ -252,7 +252,7 @@ def slot_profile_consistency(store: Store, key: str, kind: str = "shuffle") -> t
     return consistency_over_queries(ranked)
 
 
-MEASURE_NAMES = tuple(MEASURES)
+MEASURE_NAMES = (*MEASURES, CANDIDATES_NDCG)
 
 
 def signal_split(store: Store, key: str = "vanilla") -> tuple[list[str], list[str], float] | None:

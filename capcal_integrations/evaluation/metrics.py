@@ -10,10 +10,14 @@ from typing import NamedTuple
 
 from .data import Qrel, ScoredDoc
 
-__all__ = ["MEASURES", "per_query", "mean", "PairedTest", "paired_test", "sign_flip_p"]
+__all__ = ["MEASURES", "CANDIDATES_NDCG", "per_query", "mean", "PairedTest", "paired_test", "sign_flip_p"]
 
 #: Display name -> ir_measures measure string; ``{rel}`` is the dataset's binary relevance threshold.
 MEASURES = {"nDCG@10": "nDCG@10", "MRR@10": "RR(rel={rel})@10", "R@20": "R(rel={rel})@20"}
+#: nDCG@10 as the CapCal release computes it (``code/src/ir_metrics_wrapper.py``): the ideal ranking
+#: is built from the judgements of the reranked candidates only, not from all of the query's qrels, so
+#: it reads higher than trec_eval's nDCG@10 whenever relevant passages were not retrieved.
+CANDIDATES_NDCG = "nDCG@10, judged candidates only (as the CapCal release)"
 
 
 def per_query(qrels: Iterable[Qrel], run: Iterable[ScoredDoc], qids: Sequence[str], rel: int = 1,
@@ -30,6 +34,11 @@ def per_query(qrels: Iterable[Qrel], run: Iterable[ScoredDoc], qids: Sequence[st
     run = [ir_measures.ScoredDoc(*d) for d in run if d.query_id in wanted]
     for metric in ir_measures.iter_calc(list(measures.values()), qrels, run):
         out[by_measure[metric.measure]][metric.query_id] = float(metric.value)
+    ranked = {(d.query_id, d.doc_id) for d in run}
+    out[CANDIDATES_NDCG] = dict.fromkeys(qids, 0.0)
+    candidates = [q for q in qrels if (q.query_id, q.doc_id) in ranked]
+    for metric in ir_measures.iter_calc([measures["nDCG@10"]], candidates, run):
+        out[CANDIDATES_NDCG][metric.query_id] = float(metric.value)
     return out
 
 
