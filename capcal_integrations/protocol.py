@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from .errors import CapabilityError, ResponseError
 from .prompts import Messages
+from .slots import SlotPins
 from .types import Capabilities, Usage
 
 T = TypeVar("T")
@@ -61,36 +62,6 @@ class Query:
     @property
     def text(self) -> str:
         return "".join(piece for _, piece in self.prefix)
-
-
-@dataclass
-class SlotPins:
-    """Pins each prompt to a llama.cpp slot: a new prompt takes the least recently used slot.
-
-    A list of prompts is otherwise spread over idle slots, and every slot that does not hold the
-    shared prefix recomputes the whole prompt; pinned, the prompts run one after another in one slot
-    and each costs only its last few tokens. Least-recently-used (not round robin) keeps the prompts
-    of one decoding step, the real and the empty one, in different slots even when one of them comes
-    back from an earlier list (the empty prompt is the same for every order of a query's passages):
-    two live prompts sharing a slot would each evict the other at every step.
-
-    >>> pins = SlotPins()
-    >>> [pins.pin(m, 2) for m in ("real", "empty", "real", "other", "empty")]
-    [0, 1, 0, 1, 0]
-    """
-
-    owner: dict[int, Any] = field(default_factory=dict)  # slot -> prompt
-    used: dict[int, int] = field(default_factory=dict)  # slot -> tick of last use
-    tick: int = 0
-
-    def pin(self, prompt: Any, slots: int) -> int:
-        self.tick += 1
-        slot = next((s for s, owner in self.owner.items() if owner == prompt), None)
-        if slot is None:
-            slot = min(range(slots), key=lambda s: (self.used.get(s, 0), s))
-            self.owner[slot] = prompt
-        self.used[slot] = self.tick
-        return slot
 
 
 @dataclass
@@ -266,10 +237,14 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
             body["return_tokens_as_token_ids"] = True
             if caps.logprob_token_ids:  # exactly the wanted tokens, whatever their rank
                 body.update(logprobs=1, logprob_token_ids=sorted({i for j in members for i, _ in queries[j].want}))
-        if caps.slots > 1:
-            body["id_slot"] = state.slots.pin(messages, caps.slots)
+        if caps.slots > 1 and (slot := state.slots.pin(messages, caps.slots)) is not None:
+            body["id_slot"] = slot
         calls.append(Call("POST", "completions", body))
-    answers = yield calls
+    try:
+        answers = yield calls
+    finally:
+        for call in calls:
+            state.slots.release(call.body.get("id_slot") if call.body else None)
     choices: list[Any] = [None] * len(queries)
     for members, answer in zip(groups.values(), answers):
         got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
