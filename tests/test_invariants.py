@@ -11,6 +11,7 @@ import json
 import random
 
 import httpx2
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -263,3 +264,29 @@ def test_vllm_chat_transport_sends_the_prefix_as_text():
     prefills = {json.loads(c.content)["messages"][-1]["content"] for c in calls if c.url.path == "/v1/chat/completions"}
     assert f"[{ranking.order[0] + 1}] > [" in prefills
     assert not [p for p in prefills if "Ġ" in p]
+
+
+def test_no_two_requests_in_flight_share_a_llamacpp_slot():
+    # more live prompts (5 queries x 2 streams) than slots (4), all at once: a request never goes to a
+    # slot that already has one of ours in flight (llama.cpp's server once looped forever on that)
+    handler = make_handler(slots=4)
+    in_flight: dict[int, int] = {}
+    worst = []
+
+    async def slow(request):
+        await request.aread()
+        slot = json.loads(request.content or b"{}").get("id_slot")
+        in_flight[slot] = in_flight.get(slot, 0) + 1
+        worst.append(max(n for s, n in in_flight.items() if s is not None) if slot is not None else 0)
+        await asyncio.sleep(0.001)
+        in_flight[slot] -= 1
+        return handler(request)
+
+    sync, _ = clients(handler)
+    async_ = openai.AsyncOpenAI(base_url="http://fake.test/v1", api_key="x", max_retries=0,
+                                http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(slow)))
+    rr = CapCalReranker(client=sync, async_client=async_)
+    items = [(f"query {q}", [f"p{q}{i}" for i in range(5)]) for q in range(5)]
+    rankings = asyncio.run(rr.arerank_many(items, concurrency=8))
+    assert [sorted(r.order) for r in rankings] == [list(range(5))] * 5
+    assert worst and max(worst) == 1
