@@ -121,16 +121,33 @@ class CapCalReranker:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync
         client); results in input order. The first error is raised."""
         items = list(items)
-        self.capabilities()  # probe once, not once per thread
-        with ThreadPoolExecutor(max_workers=concurrency or self.options.concurrency) as pool:
+        caps = self.capabilities()  # probe once, not once per thread
+        workers = min(concurrency or self.options.concurrency, self._lists_at_once(caps))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(lambda qp: self.rerank(*qp), items))
 
     async def arerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *,
                            concurrency: int | None = None) -> list[Ranking]:
         """Async :meth:`rerank_many`: all queries' requests share one limit of ``concurrency`` in flight."""
         limit = self._limit() if concurrency is None else asyncio.Semaphore(concurrency)
-        await self.acapabilities()  # probe once, not once per query
-        return list(await asyncio.gather(*(self._arerank(q, p, limit) for q, p in items)))
+        gate = asyncio.Semaphore(self._lists_at_once(await self.acapabilities()))  # probe once, not once per query
+
+        async def one(query: str, passages: Sequence[Any]) -> Ranking:
+            async with gate:
+                return await self._arerank(query, passages, limit)
+
+        return list(await asyncio.gather(*(one(q, p) for q, p in items)))
+
+    def _lists_at_once(self, caps: Capabilities) -> int:
+        """How many lists to rank at once. A llama.cpp server keeps one prompt per slot: with more live
+        prompts than slots, each request evicts another's cached prompt and the whole prompt is
+        recomputed at every step, so at most ``slots // prompts per list`` lists run at once there
+        (4 for capcal on the embedded server's 8 slots). Unlimited elsewhere (vLLM shares one cache)."""
+        if not caps.slots:
+            return 1 << 30
+        o = self.options
+        prompts = (2 if o.calibrated else 1) * (o.m if o.method == "psc" else 1)
+        return max(1, caps.slots // prompts)
 
 
 def _with_usage(ranking: Ranking, usage: Usage) -> Ranking:
