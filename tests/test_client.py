@@ -1,0 +1,45 @@
+"""One client configuration: settings survive from a ready client to the one built beside it."""
+
+import asyncio
+
+import openai
+import pytest
+
+from capcal_integrations import CapCalReranker, InputError
+
+
+def test_async_client_is_built_from_a_ready_sync_clients_settings():
+    sync = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", organization="org", project="proj",
+                         default_headers={"X-Team": "search"}, default_query={"tier": "gold"}, timeout=7.0, max_retries=4)
+    rr = CapCalReranker(client=sync)
+
+    async def built():
+        return rr.async_client
+
+    a = asyncio.run(built())
+    assert (str(a.base_url), a.api_key, a.organization, a.project) == ("http://127.0.0.1:9/v1/", "k", "org", "proj")
+    assert a.default_headers["X-Team"] == "search" and a._custom_query == {"tier": "gold"}
+    assert (a.timeout, a.max_retries) == (7.0, 4)
+    assert rr.client is sync
+
+
+def test_explicit_timeout_and_retries_apply_to_ready_clients():
+    sync = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", timeout=7.0, max_retries=4)
+    rr = CapCalReranker(client=sync, timeout=3.0, max_retries=0)
+    assert (rr.client.timeout, rr.client.max_retries) == (3.0, 0)
+
+
+def test_headers_and_query_reach_both_clients_built_from_settings():
+    rr = CapCalReranker(base_url="http://127.0.0.1:9/v1", default_headers={"X-Team": "search"},
+                        default_query={"tier": "gold"})
+
+    async def built():
+        return rr.async_client
+
+    for client in (rr.client, asyncio.run(built())):
+        assert client.default_headers["X-Team"] == "search" and client._custom_query == {"tier": "gold"}
+
+
+def test_a_ready_client_and_connection_settings_together_are_an_error():
+    with pytest.raises(InputError, match="not both"):
+        CapCalReranker(client=openai.OpenAI(base_url="http://x/v1", api_key="k"), base_url="http://y/v1")
