@@ -71,6 +71,8 @@ async def _throughput(rr: CapCalReranker, queries: list[dict], top: int, concurr
 
 
 def run_engine(name: str, url: str | None, queries: list[dict], args: argparse.Namespace, done: dict) -> None:
+    limit = dict(item.split("=") for item in args.engine_queries.split(",") if item).get(name)
+    queries = queries[: int(limit)] if limit else queries
     with contextlib.ExitStack() as stack:
         if not url:
             server = (VllmServer if name == "vllm" else EmbeddedServer)(model="0.5b")
@@ -96,6 +98,7 @@ def run_engine(name: str, url: str | None, queries: list[dict], args: argparse.N
         for c in (1, 4, 8):
             if str(c) not in tput:
                 tput[str(c)] = round(asyncio.run(_throughput(rr, queries, args.top, c)), 5)
+                tput["queries"] = len(queries)
                 print(f"{name} concurrency {c}: {tput[str(c)]} queries/s", flush=True)
                 _save(done, args)
 
@@ -138,7 +141,7 @@ def report(done: dict) -> str:
     for e, t in done.get("throughput", {}).items():
         one = t.get("1")
         cells = [f"{t[c] / one:.2f}× ({t[c] * 60:.2f} q/min)" if one and c in t else "—" for c in ("1", "4", "8")]
-        lines.append(f"| {e} | " + " | ".join(cells) + " |")
+        lines.append(f"| {e} ({t.get('queries', len(done['queries']))} queries) | " + " | ".join(cells) + " |")
     if len(engines) == 2:
         lines += ["", "Agreement of the two engines' rankings (Kendall tau per query; 1 = identical):", "",
                   "| method | " + " | ".join(done["queries"]) + " | mean |", "|---|" + "---:|" * (len(done["queries"]) + 1)]
@@ -161,6 +164,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--psc-queries", type=int, default=5, help="psc (m=5, five times vanilla's cost) on the first N only")
     ap.add_argument("--engines", default="llamacpp,vllm")
+    ap.add_argument("--engine-queries", default="", help="e.g. vllm=2: that engine ranks only the first N queries")
     ap.add_argument("--llamacpp-url")
     ap.add_argument("--vllm-url")
     ap.add_argument("--out", default=str(HERE / "results" / "engines"))
