@@ -13,15 +13,20 @@ from capcal_integrations import Ranking
 #: How far the model's own probabilities (``Step.p`` and ``Step.q``) of two runs may differ: the
 #: server's drift, about 0.01 nat, more when concurrent requests are batched together.
 DRIFT = 0.03
-#: Calibrated-score gap below which two picks count as a near-tie: ``p - alpha (q - 1/|C|)`` with
-#: ``alpha`` up to 2 moves by up to ``DRIFT (1 + alpha)`` at worst, but in practice by less than
-#: 0.05, the uniform share of 20 passages.
+#: Score tolerance of two runs that chose alike (rank-consistent scores move little).
 TIE = 0.05
+
+
+def near_tie(alpha: float) -> float:
+    """The largest gap between two candidates' calibrated scores that drift can close: with ``p`` and
+    ``q`` each within ``DRIFT``, ``s_i - s_j`` of ``p - alpha (q - 1/|C|)`` moves by at most
+    ``2 DRIFT (1 + alpha)``; a pick that flips across a wider gap is a real disagreement."""
+    return 2 * DRIFT * (1 + alpha)
 
 
 def assert_same_ranking(got: Ranking, want: Ranking, tol: float = TIE) -> None:
     """``got`` and ``want`` rank alike: identical orders and scores within ``tol``, or the first
-    decoding step where they chose differently was a near-tie (both picks within ``tol``) in both,
+    decoding step where they chose differently was a near-tie (both picks within :func:`near_tie`) in both,
     after identical choices before it."""
     assert sorted(got.order) == sorted(want.order) == list(range(len(want.order)))
     assert_same_model_probabilities(got, want)
@@ -33,7 +38,7 @@ def assert_same_ranking(got: Ranking, want: Ranking, tol: float = TIE) -> None:
         if a.chosen != b.chosen:
             for step in (a, b):
                 s = dict(zip(step.candidates, step.scores, strict=True))
-                assert abs(s[a.chosen] - s[b.chosen]) <= tol, (
+                assert abs(s[a.chosen] - s[b.chosen]) <= near_tie(step.alpha), (
                     f"orders differ beyond a near-tie: {got.order} vs {want.order}; {step}")
             return
     raise AssertionError(f"orders differ but every step chose alike: {got.order} vs {want.order}")
@@ -63,4 +68,5 @@ def assert_same_order_up_to_ties(got: Ranking, want: Ranking, tol: float = TIE) 
         for j in want.order[r + 1:]:
             if where[i] > where[j]:  # want puts i above j, got the other way round
                 for ranking in (got, want):
-                    assert abs(ranking.scores[i] - ranking.scores[j]) <= tol, (got.order, want.order, i, j)
+                    gap = near_tie(max((s.alpha for s in ranking.steps), default=0.0))
+                    assert abs(ranking.scores[i] - ranking.scores[j]) <= gap, (got.order, want.order, i, j)
