@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CapabilityError, EndpointError, ResponseError
-from .protocol import Call, EndpointState, Flow, chat_messages, parse_tokens, tokenize_call, top_entries
+from .protocol import Call, EndpointState, Flow, chat_messages, parse_tokens, template_call, tokenize_call, top_entries
 from .types import Capabilities
 
 log = logging.getLogger(__name__)
@@ -111,17 +111,15 @@ class Completions:
 
 
 def _probe_completions(model: str, tokenize: str) -> Flow[Completions]:
-    messages = chat_messages((("user", "x"),))
-    rendered = yield from optional(Call("POST", "/apply-template", {"messages": messages}, root=True))
+    messages = (("user", "x"),)
+    rendered = yield from optional(template_call(model, messages, tokens=False))
     if isinstance(rendered, Mapping) and isinstance(rendered.get("prompt"), str):
         answer = yield from optional(Call("POST", "completions", {
             "model": model, "prompt": ["A B C", "1 2 3"], "max_tokens": 1, "logprobs": 5, "temperature": 0}))
         return Completions("completions" if _two_choices(answer, by_id=False) else "")
     if tokenize != "vllm":
         return Completions()
-    rendered = yield from optional(Call("POST", "/tokenize", {"model": model, "messages": messages,
-                                                              "add_generation_prompt": True,
-                                                              "add_special_tokens": False}, root=True))
+    rendered = yield from optional(template_call(model, messages, tokens=True))
     ids = rendered.get("tokens") if isinstance(rendered, Mapping) else None
     if not (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids)):
         return Completions()

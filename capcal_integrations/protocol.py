@@ -221,7 +221,7 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     tokens = caps.transport == "token-completions"
     missing = sorted({q.messages for q in queries if q.messages not in state.templates})
     if missing:
-        answers = yield [_template_call(caps, m) for m in missing]
+        answers = yield [template_call(caps.model, m, tokens=tokens) for m in missing]
         for m, a in zip(missing, answers):
             state.templates[m] = _template_of(a, tokens)
     groups: dict[Messages, list[int]] = {}
@@ -255,9 +255,11 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     return choices
 
 
-def _template_call(caps: Capabilities, messages: Messages) -> Call:
-    if caps.transport == "token-completions":
-        return Call("POST", "/tokenize", {"model": caps.model, "messages": chat_messages(messages),
+def template_call(model: str, messages: Messages, *, tokens: bool) -> Call:
+    """The request that renders the chat template: as token ids (vLLM's ``/tokenize``) or as text
+    (llama.cpp's ``/apply-template``)."""
+    if tokens:
+        return Call("POST", "/tokenize", {"model": model, "messages": chat_messages(messages),
                                           "add_generation_prompt": True, "add_special_tokens": False}, root=True)
     return Call("POST", "/apply-template", {"messages": chat_messages(messages)}, root=True)
 
