@@ -14,7 +14,8 @@ Two forms (DESIGN §4), computed from the same answers by :func:`score_labels`:
   so single-child nodes cost nothing; only branching nodes are asked.
 
 Tokens shared by *all* allowed labels (the leading ``[`` or `` [``) contribute a common factor that
-cancels in either renormalisation, so they are never asked for.
+cancels in either renormalisation, so they are not asked for unless the raw (unrenormalised) joint
+probabilities are wanted (``shared=True``).
 """
 
 from __future__ import annotations
@@ -67,17 +68,19 @@ def label_trie(labels: Sequence[Path]) -> dict[Path, list[Token]]:
     return children
 
 
-def nodes_to_ask(children: Mapping[Path, Sequence[Token]], form: str) -> list[Path]:
-    """The trie nodes whose next-token distribution is needed: below the prefix that every label
-    shares, each internal node (``joint``) or each branching node (``trie``).
+def nodes_to_ask(children: Mapping[Path, Sequence[Token]], form: str, *, shared: bool = False) -> list[Path]:
+    """The trie nodes whose next-token distribution is needed: each internal node (``joint``) or each
+    branching node (``trie``), below the prefix that every label shares unless ``shared``.
 
     >>> t = label_trie([((1, "["), (2, "1"), (9, "]")), ((1, "["), (2, "1"), (3, "0"), (9, "]")),
     ...                 ((1, "["), (4, "2"), (9, "]"))])
     >>> [len(n) for n in nodes_to_ask(t, "joint")], [len(n) for n in nodes_to_ask(t, "trie")]
     ([1, 2, 3, 2], [1, 2])
+    >>> [len(n) for n in nodes_to_ask(t, "joint", shared=True)]
+    [0, 1, 2, 3, 2]
     """
     start: Path = ()
-    while len(children.get(start, ())) == 1:  # common to every label: cancels, never asked
+    while not shared and len(children.get(start, ())) == 1:  # common to every label: cancels, not asked
         start = start + (children[start][0],)
     return [node for node in children if len(node) >= len(start) and node[:len(start)] == start
             and (form == "joint" or len(children[node]) > 1)]
@@ -119,11 +122,15 @@ def score_labels(labels: Sequence[Path], children: Mapping[Path, Sequence[Token]
 
 
 def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path]], labels: Sequence[Path], *,
-                   form: str = "joint", top: int = 20) -> Flow[list[LabelScores]]:
-    """Log-probability of every label after each ``(messages, assistant prefix tokens)`` context."""
+                   form: str = "joint", top: int = 20, shared: bool = False, raw: bool = False
+                   ) -> Flow[list[LabelScores]]:
+    """Log-probability of every label after each ``(messages, assistant prefix tokens)`` context;
+    ``shared`` asks the tokens common to all labels too (raw joint probabilities), ``raw`` sends the
+    messages as plain text instead of through the chat template."""
     children = label_trie(labels)
-    asked = nodes_to_ask(children, form)
-    queries = [Query(messages, prefix + node, tuple(children[node])) for messages, prefix in contexts for node in asked]
+    asked = nodes_to_ask(children, form, shared=shared)
+    queries = [Query(messages, prefix + node, tuple(children[node]), raw)
+               for messages, prefix in contexts for node in asked]
     found = yield from _ask(state, queries, top)
     return [score_labels(labels, children, dict(zip(asked, found[c * len(asked):(c + 1) * len(asked)])), form)
             for c in range(len(contexts))]

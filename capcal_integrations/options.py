@@ -16,9 +16,9 @@ from typing import Any
 
 from .calibration import FORMS
 from .errors import InputError
-from .prompts import DEFAULT_PLACEHOLDER, RANK_ZEPHYR, TEMPLATES, PromptTemplate, labels, resolve_template
+from .prompts import DEFAULT_PLACEHOLDER, RANK_ZEPHYR, RELEASE_PLACEHOLDER, TEMPLATES, PromptTemplate, labels, resolve_template
 
-__all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "option_docs"]
+__all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 
 #: Every ranking method of the engine.
 METHODS = ("capcal", "vanilla", "first-token", "first-token-capcal", "psc")
@@ -46,6 +46,38 @@ def _optional_int(raw: str) -> int | None:
     return None if raw.lower() in ("", "none") else _int(raw)
 
 
+def _optional_float(raw: str) -> float | None:
+    if raw.lower() in ("", "none", "off"):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise InputError(f"expected a number or none, got {raw!r}") from None
+
+
+def _bool(raw: str) -> bool:
+    if raw.lower() in ("true", "yes", "1", "on"):
+        return True
+    if raw.lower() in ("false", "no", "0", "off"):
+        return False
+    raise InputError(f"expected true or false, got {raw!r}")
+
+
+def _optional_str(raw: str) -> str | None:
+    return None if raw.lower() in ("", "none") else raw
+
+
+#: Named bundles of options. ``release`` reproduces the CapCal authors' code (GitHub
+#: ``USTC-StarTeam/CapCal``, ``LLMExp_StateMachine`` / ``LLMExp_DynamicBias``) for a 1:1 comparison:
+#: its prompt as raw text, its placeholder, its decoding quirks and raw joint probabilities.
+#: ``method`` and ``alpha`` still choose vanilla, a fixed rate or the adaptive rule.
+PRESETS: dict[str, dict[str, Any]] = {
+    "release": {"template": "capcal", "prompt": "raw", "decoding": "release", "normalise": False,
+                "placeholder": RELEASE_PLACEHOLDER, "probability": "joint", "labels": "numeric",
+                "max_passage_words": None, "guard": None},
+}
+
+
 def _option(default: Any, doc: str, parse: Callable[[str], Any] = str, choices: tuple[str, ...] = (),
             accepts: Any = None) -> Any:
     """A field of :class:`Options` with its documentation, string parser and (for the adapters'
@@ -66,15 +98,32 @@ class Options:
     capcal_integrations.errors.InputError: need window >= 2 and 1 <= stride <= window, got 1/10
     """
 
+    preset: str | None = _option(None, "Apply a named bundle of options first ('release': the CapCal authors' code, "
+                                 "quirks included); options given with it win.", _optional_str, tuple(PRESETS))
     method: str = _option("capcal", "Ranking method: capcal | vanilla | first-token | first-token-capcal | psc.",
                           choices=METHODS)
     alpha: float | str = _option("adaptive", "'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
                                  "calibration strength >= 0.", _alpha)
+    guard: float | None = _option(2.0, "No-harm guard of the calibrated methods: a window keeps its first-stage order "
+                                  "when its passages' calibrated first-step scores, read in the given order and "
+                                  "rotated by half the window, agree less than this many standard errors (Kendall "
+                                  "tau z-score: the model shows no content signal). One more prompt per window; "
+                                  "None turns it off.", _optional_float)
     calibration: str = _option("additive", "'additive' (the paper's p - alpha (q - 1/|C|)) or 'log' "
                                "(log p - alpha log q).", choices=FORMS)
+    normalise: bool = _option(True, "Renormalise p and q over the identifiers still allowed before calibrating "
+                              "(True), or calibrate the raw joint probabilities as the release does (False; "
+                              "needs probability='joint').", _bool)
     placeholder: str = _option(DEFAULT_PLACEHOLDER, "Passage body of the content-free prompt ('' allowed).")
-    template: PromptTemplate = _option(RANK_ZEPHYR, "Prompt: 'rank_zephyr', 'rank_gpt' or a PromptTemplate.",
+    template: PromptTemplate = _option(RANK_ZEPHYR, "Prompt: 'rank_zephyr', 'rank_gpt', 'capcal' (the release's), "
+                                       "'no_example' (no example ranking to copy) or a PromptTemplate.",
                                        choices=tuple(TEMPLATES), accepts=str | PromptTemplate)
+    prompt: str = _option("chat", "'chat' (the model's chat template) or 'raw' (the messages as plain text with "
+                          "<|system|>/<|user|>/<|assistant|> tags, as the release sends them; needs /v1/completions).",
+                          choices=("chat", "raw"))
+    decoding: str = _option("exact", "'exact' (identifiers as the model spells them, ' [3] > [5] > [') or 'release' "
+                            "(the release's '[3]>[5]>[', a second '[' fed before each digit is scored, no "
+                            "closing ']' for identifiers from 10).", choices=("exact", "release"))
     labels: str = _option("numeric", "Identifiers: 'numeric' ([1]..) or 'alpha' ([A].., at most 26 per window).",
                           choices=("numeric", "alpha"))
     probability: str = _option("joint", "'joint' (exact joint label probability) or 'trie' (renormalised at "
@@ -95,7 +144,8 @@ class Options:
         object.__setattr__(self, "template", resolve_template(self.template))
         for f in fields(self):
             choices = f.metadata["choices"]
-            if choices and f.name != "template" and getattr(self, f.name) not in choices:
+            value = getattr(self, f.name)
+            if choices and f.name != "template" and value not in choices and not (f.name == "preset" and value is None):
                 raise InputError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
         if not (self.alpha == "adaptive" or (isinstance(self.alpha, (int, float)) and self.alpha >= 0)):
             raise InputError(f"alpha must be 'adaptive' or a number >= 0, got {self.alpha!r}")
@@ -105,6 +155,10 @@ class Options:
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
         labels(min(self.window, 26), self.labels)
+        if not self.normalise and self.probability != "joint":
+            raise InputError("normalise=False needs probability='joint' (the trie form is normalised at every token)")
+        if self.decoding == "release" and (self.labels != "numeric" or self.window > 99):
+            raise InputError("decoding='release' needs numeric identifiers and window <= 99 (it scores two digits)")
 
     @property
     def calibrated(self) -> bool:
@@ -113,13 +167,22 @@ class Options:
 
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes``; an unknown name is an :class:`~.errors.InputError` listing the known ones.
+        A ``preset`` among them is applied first, so the other changes win over it.
 
         >>> Options().replace(method="psc", m=3).m
         3
+        >>> o = Options().replace(preset="release", alpha=1.0)
+        >>> o.template.name, o.prompt, o.normalise, o.alpha
+        ('capcal', 'raw', False, 1.0)
         """
         unknown = set(changes) - set(OPTION_NAMES)
         if unknown:
             raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(OPTION_NAMES)}")
+        preset = changes.get("preset")
+        if preset is not None:
+            if preset not in PRESETS:
+                raise InputError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+            changes = {**PRESETS[preset], **changes}
         return dataclasses.replace(self, **changes)
 
     def settings(self) -> dict[str, Any]:

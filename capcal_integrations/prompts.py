@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from .errors import InputError
 from .types import Document
 
-__all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "DEFAULT_PLACEHOLDER", "labels", "clean_passage", "render"]
+__all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",
+           "RELEASE_PLACEHOLDER", "labels", "clean_passage", "render", "raw_text"]
 
-#: The reference release's content-free passage.
+#: The content-free passage of the reference release's configuration (``ExpConfig``).
 DEFAULT_PLACEHOLDER = "This is a placeholder passage for bias testing."
+#: The same, as the release's command line passes it (no final period): the ``release`` preset's.
+RELEASE_PLACEHOLDER = "This is a placeholder passage for bias testing"
 
 Messages = tuple[tuple[str, str], ...]  # (role, content) pairs; hashable so they can key caches
 
@@ -68,7 +71,43 @@ RANK_GPT = PromptTemplate(
     ),
 )
 
-TEMPLATES = {t.name: t for t in (RANK_ZEPHYR, RANK_GPT)}
+#: The CapCal release's own prompt (``code/src/BaseConfig.py``, ``ModelConfig.prompt_format``): RankZephyr's
+#: wording without its blank lines, a missing space after "query." and the example ``[4] > [2]``. The
+#: release sends it as raw text with plain tags (``prompt="raw"``, :func:`raw_text`), not through the
+#: model's chat template.
+CAPCAL = PromptTemplate(
+    name="capcal",
+    system="You are RankLLM, an intelligent assistant that can rank passages based on their relevancy to the query.",
+    head=(
+        "I will provide you with {num} passages, each indicated by a numerical identifier [].\n"
+        "Rank the passages based on their relevance to the search query: {query}.\n"
+    ),
+    passage="{label} {text}\n",
+    tail=(
+        "Search Query: {query}.\n"
+        "Rank the {num} passages above based on their relevance to the search query.All the passages should "
+        "be included and listed using identifiers, in descending order of relevance. The output format "
+        "should be [] > [], e.g., [4] > [2]. Only respond with the ranking results, do not say any word or explain."
+    ),
+)
+
+#: RankZephyr's prompt without its example ranking: it names no concrete identifier, so a model that
+#: cannot read the passages has no ``[2] > [1]`` to copy.
+NO_EXAMPLE = PromptTemplate(
+    name="no_example",
+    system=RANK_ZEPHYR.system,
+    head=RANK_ZEPHYR.head,
+    passage=RANK_ZEPHYR.passage,
+    tail=(
+        "\nSearch Query: {query}.\n"
+        "Rank the {num} passages above based on their relevance to the search query. All the passages "
+        "should be included and listed using identifiers, in descending order of relevance, each exactly "
+        "once, separated by >. Answer concisely and directly and only respond with the ranking results, "
+        "do not say any word or explain."
+    ),
+)
+
+TEMPLATES = {t.name: t for t in (RANK_ZEPHYR, RANK_GPT, CAPCAL, NO_EXAMPLE)}
 
 
 def resolve_template(template: PromptTemplate | str) -> PromptTemplate:
@@ -139,3 +178,13 @@ def render(
         messages.append(("system", template.system.format(**fields)))
     messages.append(("user", user))
     return tuple(messages)
+
+
+def raw_text(messages: Messages) -> str:
+    """The messages as one plain text with ``<|role|>`` tags, as the CapCal release sends its prompt
+    (no chat template; the tags are ordinary text to the model).
+
+    >>> raw_text((("system", "S"), ("user", "U")))
+    '\\n<|system|>\\nS\\n<|user|>\\nU\\n<|assistant|>\\n'
+    """
+    return "\n" + "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"

@@ -10,7 +10,8 @@ Here: the per-endpoint state (:class:`EndpointState`), tokenizing, and reading n
 log-probabilities after an assistant prefix, by one of three transports:
 
 * ``"completions"`` (llama.cpp): the chat template rendered as text (``/apply-template``), then every
-  prefix of one prompt as a prompt list in one ``/v1/completions`` request;
+  assistant prefix (as token ids after the text) of one prompt as a prompt list in one
+  ``/v1/completions`` request;
 * ``"token-completions"`` (vLLM): the same, in token ids: the template's ids from ``/tokenize`` with
   ``messages``, the assistant prefix as the served model's own label token ids, answers keyed by
   token id (``return_tokens_as_token_ids``), and where the server has it, ``logprob_token_ids``
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .errors import CapabilityError, ResponseError
-from .prompts import Messages
+from .prompts import Messages, raw_text
 from .slots import SlotPins
 from .types import Capabilities, Usage
 
@@ -58,10 +59,16 @@ class Query:
     messages: Messages
     prefix: tuple[Token, ...]
     want: tuple[Token, ...]
+    raw: bool = False  # send the messages as plain tagged text (prompts.raw_text), not via the chat template
 
     @property
     def text(self) -> str:
         return "".join(piece for _, piece in self.prefix)
+
+    @property
+    def prompt(self) -> tuple[Messages, bool]:
+        """What identifies the rendered prompt (the same messages, raw or templated, are two prompts)."""
+        return self.messages, self.raw
 
 
 @dataclass
@@ -73,7 +80,7 @@ class EndpointState:
     model: str | None = None
     caps: Capabilities | None = None
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
-    templates: dict[Messages, Any] = field(default_factory=dict)  # rendered text, or token ids
+    templates: dict[tuple[Messages, bool], Any] = field(default_factory=dict)  # rendered text, or token ids
     slots: SlotPins = field(default_factory=SlotPins)
 
 
@@ -195,6 +202,9 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
     assert caps is not None, "probe the endpoint first"
     if caps.transport in ("completions", "token-completions"):
         choices = yield from _completions(state, caps, queries, top)
+    elif any(q.raw for q in queries):
+        raise CapabilityError("prompt='raw' sends plain text through /v1/completions, which this endpoint does not "
+                              "offer with prompt lists; use prompt='chat'", missing="completions prompt lists")
     elif caps.transport == "chat":
         answers = yield [Call("POST", "chat/completions", {
             "model": caps.model, "messages": chat_messages(q.messages, q.text), "max_tokens": 1,
@@ -215,29 +225,32 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
 
 
 def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
-    """One ``/v1/completions`` request per prompt with every prefix as a prompt list: llama.cpp gets
-    text (the template from ``/apply-template``), pinned to a slot; vLLM gets token ids (the template
-    from ``/tokenize`` with ``messages``) and answers by token id."""
+    """One ``/v1/completions`` request per prompt with every prefix as a prompt list, the prefix as the
+    served model's token ids: llama.cpp gets the template as text (``/apply-template``) followed by
+    the ids, pinned to a slot; vLLM gets token ids only (the template from ``/tokenize`` with
+    ``messages``) and answers by token id. A raw prompt is rendered here (:func:`~.prompts.raw_text`)."""
     tokens = caps.transport == "token-completions"
-    missing = sorted({q.messages for q in queries if q.messages not in state.templates})
-    if missing:
-        answers = yield [template_call(caps.model, m, tokens=tokens) for m in missing]
-        for m, a in zip(missing, answers):
-            state.templates[m] = _template_of(a, tokens)
-    groups: dict[Messages, list[int]] = {}
+    missing = sorted({q.prompt for q in queries if q.prompt not in state.templates})
+    ask = [key for key in missing if tokens or not key[1]]
+    answers = (yield [tokenize_call("vllm", caps.model, raw_text(m)) if raw else template_call(caps.model, m, tokens=tokens)
+                      for m, raw in ask]) if ask else []
+    rendered = dict(zip(ask, answers))
+    for key in missing:
+        state.templates[key] = (_template_of(rendered[key], tokens) if key in rendered else raw_text(key[0]))
+    groups: dict[tuple[Messages, bool], list[int]] = {}
     for i, q in enumerate(queries):
-        groups.setdefault(q.messages, []).append(i)
+        groups.setdefault(q.prompt, []).append(i)
     calls = []
-    for messages, members in groups.items():
-        template = state.templates[messages]
-        prompts = ([[*template, *(i for i, _ in queries[j].prefix)] for j in members] if tokens
-                   else [template + queries[j].text for j in members])
+    for key, members in groups.items():
+        template = state.templates[key]
+        prompts = [[*template, *(i for i, _ in queries[j].prefix)] if tokens
+                   else [template, *(i for i, _ in queries[j].prefix)] for j in members]
         body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0}
         if tokens:
             body["return_tokens_as_token_ids"] = True
             if caps.logprob_token_ids:  # exactly the wanted tokens, whatever their rank
                 body.update(logprobs=1, logprob_token_ids=sorted({i for j in members for i, _ in queries[j].want}))
-        if caps.slots > 1 and (slot := state.slots.pin(messages, caps.slots)) is not None:
+        if caps.slots > 1 and (slot := state.slots.pin(key, caps.slots)) is not None:
             body["id_slot"] = slot
         calls.append(Call("POST", "completions", body))
     try:

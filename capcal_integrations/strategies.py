@@ -15,12 +15,14 @@ Lists longer than ``window`` are ranked by a back-to-front sliding window (:func
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .calibration import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
+from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
 from .errors import InputError
 from .labels import label_logprobs
 from .options import Options
@@ -31,6 +33,8 @@ from .protocol import EndpointState, Flow, Token, tokenize
 from .types import Document, Ranking, Step, as_document
 
 __all__ = ["rerank_flow", "parallel", "validated"]
+
+log = logging.getLogger("capcal_integrations")
 
 
 def validated(query: Any, passages: Sequence[Any]) -> tuple[str, list[Document]]:
@@ -126,10 +130,17 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     first_only = opts.method.startswith("first-token")
     order, confidence = list(range(n)), [0.0] * n
     steps: list[Step] = []
-    prior, bounds = None, 0
+    prior, bounds, agreement, guarded, notes = None, 0, [], [], []
     for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
         members = order[start:end]
         result = yield from _rank_window(state, opts, query, [texts[i] for i in members], first_only)
+        if result.agreement is not None:
+            agreement.append(result.agreement)
+        if result.guarded:
+            guarded.append(w)
+            notes.append(f"window {w} kept in its given order: the calibrated first-step scores of the given and "
+                         f"the rotated list agree at z = {result.agreement:.2f} < guard {opts.guard} (no content signal)")
+            log.info("capcal: %s", notes[-1])
         order[start:end] = [members[j] for j in result.order]
         for j, c in enumerate(result.confidence):
             confidence[members[j]] = c
@@ -137,25 +148,54 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
                        members[s.chosen], w, s.upper_bounds) for s in result.steps]
         prior = prior or result.prior
         bounds += result.upper_bounds
-    if first_only and n <= opts.window:
-        scores = [0.0] * n
+    scores = rank_scores(order, confidence)
+    if first_only and n <= opts.window and not guarded:
+        by_input = [0.0] * n
         for i, v in zip(steps[0].candidates, steps[0].scores):
-            scores[i] = v
-        return Ranking(tuple(order), tuple(scores), opts.method, prior, tuple(steps), upper_bounds=bounds)
-    return Ranking(tuple(order), rank_scores(order, confidence), opts.method, prior, tuple(steps), upper_bounds=bounds)
+            by_input[i] = v
+        scores = tuple(by_input)
+    return Ranking(tuple(order), scores, opts.method, prior, tuple(steps), upper_bounds=bounds, notes=tuple(notes),
+                   agreement=tuple(agreement), guarded=tuple(guarded))
 
 
 #: What follows each chosen identifier in the assistant's ranking: ``[3] > [5] > [``.
 SEPARATOR = " >"
+#: The single tokens the release's decoding is made of.
+_RELEASE_SPELLINGS = ("[", "]", ">", *"0123456789")
 
 
-def _prefix(state: EndpointState, chosen: Sequence[str]) -> tuple[Token, ...]:
-    """The assistant prefix after ``chosen`` identifiers, as the served model's tokens: ``[3] > [5] >``
-    is the tokens of ``[3]``, `` >``, `` [5]``, `` >`` (the spellings a ranking is generated in)."""
+def _spellings(opts: Options, ids: Sequence[str]) -> list[str]:
+    """The strings whose tokens build the prefixes and the identifiers."""
+    if opts.decoding == "release":
+        return list(_RELEASE_SPELLINGS)
+    return [SEPARATOR, *ids, *(" " + i for i in ids)]
+
+
+def _tokens(state: EndpointState, spellings: Sequence[str]) -> tuple[Token, ...]:
+    return tuple(t for s in spellings for t in state.label_tokens[s])
+
+
+def _prefix(state: EndpointState, opts: Options, chosen: Sequence[str]) -> tuple[Token, ...]:
+    """The assistant prefix after ``chosen`` identifiers, as the served model's tokens.
+
+    ``exact``: ``[3] > [5] >`` is the tokens of ``[3]``, `` >``, `` [5]``, `` >`` (the spellings a
+    ranking is generated in). ``release``: the release feeds ``[``, then per pick the digits, ``]``,
+    ``>``, ``[``, and scores after one more ``[`` (``[3]>[5]>[[``)."""
+    if opts.decoding == "release":
+        return _tokens(state, ["[", *(x for label in chosen for x in (*label[1:-1], "]", ">", "[")), "["])
     out: tuple[Token, ...] = ()
     for k, label in enumerate(chosen):
         out += state.label_tokens[(" " if k else "") + label] + state.label_tokens[SEPARATOR]
     return out
+
+
+def _label_path(state: EndpointState, opts: Options, label: str, first: bool) -> tuple[Token, ...]:
+    """The tokens scored for ``label`` after the prefix: `` [12]`` (``[12]`` first); for the release,
+    its digits, and ``]`` only below 10 (``3]``, ``12``)."""
+    if opts.decoding == "release":
+        digits = label[1:-1]
+        return _tokens(state, [*digits, *("]" if len(digits) == 1 else ())])
+    return state.label_tokens[("" if first else " ") + label]
 
 
 @dataclass(frozen=True)
@@ -165,6 +205,8 @@ class _Window:
     steps: list[Step]
     prior: tuple[float, ...] | None
     upper_bounds: int
+    agreement: float | None = None  # the guard's z-score, when it ran
+    guarded: bool = False  # kept in the given order: no content signal
 
 
 def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool
@@ -173,37 +215,52 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     ids = labels(n, opts.labels)
     real = render(opts.template, query, texts, ids)
     empty = render(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
-    spellings = [s for s in (SEPARATOR, *ids, *(" " + i for i in ids)) if s not in state.label_tokens]
+    half = n // 2  # the guard's second reading: the same passages, rotated by half the window
+    rotated = render(opts.template, query, texts[half:] + texts[:half], ids) if (
+        empty and opts.guard is not None and n >= 4) else None
+    spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens]
     if spellings:
         text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
         for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
             state.label_tokens[spelling] = tuple(tokens)
     remaining, chosen_labels = list(range(n)), []
-    order, confidence, steps, prior, bounds = [], [0.0] * n, [], None, 0
+    order, confidence, steps, prior, bounds, agreement = [], [0.0] * n, [], None, 0, None
     while len(remaining) > 1:
-        prefix = _prefix(state, chosen_labels)
-        paths = [state.label_tokens[(" " if chosen_labels else "") + ids[i]] for i in remaining]
-        contexts = [(real, prefix)] + ([(empty, prefix)] if empty else [])
-        scored = yield from label_logprobs(state, contexts, paths, form=opts.probability, top=opts.top_logprobs)
-        p = normalise_logprobs(scored[0].logprobs)
-        q = normalise_logprobs(scored[1].logprobs) if empty else None
+        prefix = _prefix(state, opts, chosen_labels)
+        paths = [_label_path(state, opts, ids[i], not chosen_labels) for i in remaining]
+        contexts = [(real, prefix)] + ([(empty, prefix)] if empty else []) + (
+            [(rotated, prefix)] if rotated and not steps else [])
+        scored = yield from label_logprobs(state, contexts, paths, form=opts.probability, top=opts.top_logprobs,
+                                           shared=not opts.normalise, raw=opts.prompt == "raw")
+        shares_p = normalise_logprobs(scored[0].logprobs)  # entropy and the adaptive rate always use these
+        p = shares_p if opts.normalise else _raw(scored[0].logprobs)
+        q = (normalise_logprobs(scored[1].logprobs) if opts.normalise else _raw(scored[1].logprobs)) if empty else None
         alpha, s = 0.0, p
         if q is not None:
-            alpha = adaptive_alpha(p) if opts.alpha == "adaptive" else float(opts.alpha)
+            alpha = adaptive_alpha(shares_p) if opts.alpha == "adaptive" else float(opts.alpha)
             s = calibrated(p, q, alpha, opts.calibration)
-            prior = prior or tuple(q)
+            prior = prior or tuple(normalise_logprobs(scored[1].logprobs))
         bounds += sum(x.upper_bounds for x in scored)
         share = shares(s)
         ranked = order_of_scores(s)
         best = ranked[0]
-        steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(p), remaining[best],
+        steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
                           upper_bounds=bounds))
+        if rotated and len(steps) == 1:
+            agreement = content_agreement(shares_p, normalise_logprobs(scored[2].logprobs), prior, half)
+            if agreement < opts.guard:
+                return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
         if first_only:
-            return _Window([remaining[j] for j in ranked], share, steps, prior, bounds)
+            return _Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement)
         confidence[remaining[best]] = share[best]
         order.append(remaining[best])
         chosen_labels.append(ids[remaining.pop(best)])
     order += remaining
     if remaining:
         confidence[remaining[0]] = 1.0
-    return _Window(order, confidence, steps, prior, bounds)
+    return _Window(order, confidence, steps, prior, bounds, agreement)
+
+
+def _raw(logprobs: Sequence[float]) -> list[float]:
+    """Raw joint label probabilities (``normalise=False``), not renormalised over the labels."""
+    return [math.exp(x) for x in logprobs]

@@ -97,6 +97,10 @@ class Ranking:
     window (``None`` if no empty stream ran). ``steps``: every decoding step (see :class:`Step`).
     ``upper_bounds``: how many label probabilities were upper bounds because the endpoint's top-k
     did not contain a needed token (never silently zero). ``notes``: anything else worth knowing.
+    ``agreement``: per window checked by the no-harm guard (``Options.guard``), the z-score of the
+    agreement between the calibrated first-step scores of the given and the half-rotated list;
+    ``guarded``: the windows kept in their first-stage order because it was below the guard (each
+    also has a note).
     """
 
     order: tuple[int, ...]
@@ -107,6 +111,8 @@ class Ranking:
     usage: Usage = Usage()
     upper_bounds: int = 0
     notes: tuple[str, ...] = ()
+    agreement: tuple[float, ...] = ()
+    guarded: tuple[int, ...] = ()
 
     def top(self, k: int | None = None) -> tuple[int, ...]:
         """The first ``k`` input indices of :attr:`order` (all when ``k`` is None)."""

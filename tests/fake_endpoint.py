@@ -1,6 +1,6 @@
 """A fake llama.cpp-style endpoint for unit tests of parsing, error paths and invariants.
 
-It is an ``httpx2.MockTransport`` handler: a tiny tokenizer (``[``, `` [``, ``]``, digits, letters),
+It is an ``httpx2.MockTransport`` handler: a tiny tokenizer (``[``, `` [``, ``]``, ``>``, digits, letters),
 ``/apply-template``, and ``/v1/completions`` / ``/v1/chat/completions`` whose next-token
 distributions are pseudo-random but deterministic in the prompt. It never stands in for the real
 end-to-end tests (tests/test_e2e.py), which run against llama.cpp's server and a real model.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import httpx2
 import openai
 
-VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, "x": 87}
+VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, ">": 29, "x": 87}
 VOCAB.update({str(d): 15 + d for d in range(10)})
 VOCAB.update({chr(65 + i): 100 + i for i in range(26)})
 PIECE = {v: k for k, v in VOCAB.items()}
@@ -102,6 +102,8 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             choices = []
             for i, prompt in enumerate(prompts):
+                if isinstance(prompt, list):  # llama.cpp's mixed prompt: text and token ids
+                    prompt = "".join(x if isinstance(x, str) else PIECE.get(x, "x") for x in prompt)
                 lp = content_logprobs(prompt, body.get("logprobs") or 1)
                 if legacy:
                     top = lp["content"][0]["top_logprobs"]

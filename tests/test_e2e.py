@@ -65,14 +65,21 @@ def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(server_url):
         assert s.q is not None and len(s.q) == len(s.p) and 0.0 <= s.alpha <= 2.0
 
     # llama.cpp transport: per step one prompt list for the real and one for the empty prompt; each
-    # prompt is the rendered chat template, then the assistant prefix
+    # prompt is the rendered chat template as text, then the assistant prefix as token ids
     lists = [json.loads(r.content)["prompt"] for r in sent if r.url.path.endswith("/completions")
              and isinstance(json.loads(r.content).get("prompt"), list) and len(json.loads(r.content)["prompt"]) > 2]
     assert len(lists) == 2 * len(steps)
     header = "<|im_start|>assistant\n"
+
+    def tail(prompt: list) -> str:
+        text, *ids = prompt
+        assert text.endswith(header) and all(isinstance(i, int) for i in ids)
+        answer = httpx2.post(server_url.removesuffix("/v1") + "/detokenize", json={"tokens": ids})
+        return answer.json()["content"] if ids else ""
+
     for k, (real, empty) in enumerate(zip(lists[::2], lists[1::2])):
-        assert "placeholder passage" in empty[0] and "placeholder passage" not in real[0]
-        tails = [[p.rsplit(header, 1)[1] for p in prompts] for prompts in (real, empty)]
+        assert "placeholder passage" in empty[0][0] and "placeholder passage" not in real[0][0]
+        tails = [[tail(p) for p in prompts] for prompts in (real, empty)]
         assert tails[0] == tails[1], k  # the empty stream is fed the same prefix as the real one
         chosen = " > ".join(f"[{i + 1}]" for i in ranking.order[:k])
         assert all(t.startswith(chosen + " >" if k else "") for t in tails[0]), (k, tails[0])

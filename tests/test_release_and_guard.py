@@ -1,0 +1,104 @@
+"""The ``release`` preset, raw probabilities and the no-harm guard, on the fake endpoint (the
+requests they send, and what they return). Live checks are in tests/test_e2e.py and the cross-check
+against the official code in benchmarks/release_crosscheck.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from capcal_integrations import CapCalReranker, InputError
+from capcal_integrations.options import Options
+from tests.fake_endpoint import PIECE, VOCAB, clients, make_handler
+
+PASSAGES = [f"passage {i}" for i in range(12)]
+
+
+def reranker(calls=None, **options):
+    sync, async_ = clients(make_handler(calls=calls))
+    return CapCalReranker(client=sync, async_client=async_, **options)
+
+
+def completion_prompts(calls):
+    return [p for c in calls if c.url.path == "/v1/completions" for p in json.loads(c.content)["prompt"]
+            if isinstance(p, list)]  # not the probe's
+
+
+def test_a_preset_is_applied_first_and_explicit_options_win():
+    o = Options().replace(preset="release", alpha=1.0, normalise=True)
+    assert (o.template.name, o.prompt, o.decoding, o.normalise, o.alpha, o.guard) == (
+        "capcal", "raw", "release", True, 1.0, None)
+    assert o.placeholder == "This is a placeholder passage for bias testing"
+    assert Options().replace(**o.settings()) == o  # settings() round-trips through the preset
+    with pytest.raises(InputError, match="unknown preset"):
+        Options().replace(preset="paper")
+    with pytest.raises(InputError, match="needs probability='joint'"):
+        Options().replace(normalise=False, probability="trie")
+    with pytest.raises(InputError, match="numeric identifiers"):
+        Options().replace(decoding="release", labels="alpha")
+
+
+def test_release_sends_the_raw_prompt_and_its_own_prefix():
+    calls = []
+    rr = reranker(calls, preset="release", method="capcal", alpha=1.0)
+    rr.capabilities()
+    calls.clear()  # after the probe
+    ranking = rr.rerank("q", PASSAGES)
+    assert sorted(ranking.order) == list(range(12))
+    assert not any(c.url.path == "/apply-template" for c in calls)  # no chat template
+    prompts = completion_prompts(calls)
+    texts = {p[0] for p in prompts}
+    assert len(texts) == 2 and all(t.startswith("\n<|system|>\n") and t.endswith("\n<|assistant|>\n") for t in texts)
+    assert any(t.count("This is a placeholder passage for bias testing\n") == 12 for t in texts)
+    # the prefixes: "[" then per pick "<digits>]>[", then the release's second "[" before scoring
+    prefixes = {"".join(PIECE[t] for t in p[1:]) for p in prompts}
+    for k in range(len(ranking.steps)):
+        chosen = "[" + "".join(f"{i + 1}]>[" for i in ranking.order[:k]) + "["
+        assert chosen in prefixes, (k, chosen)
+    # identifiers from 10 are scored by their two digits only (no "]"): "1" then "0".."2" after "[["
+    assert "[[1" in prefixes and not any(p.endswith(("0]", "1]", "2]")) and p.startswith("[[1") for p in prefixes)
+
+
+def test_raw_probabilities_are_the_joint_ones_and_rank_like_the_renormalised():
+    rr = reranker(method="vanilla")
+    normalised = rr.rerank("q", PASSAGES)
+    raw = rr.with_options(normalise=False).rerank("q", PASSAGES)
+    assert raw.order == normalised.order
+    for a, b in zip(raw.steps, normalised.steps):
+        assert sum(a.p) < 1.0  # the mass outside the allowed identifiers is kept
+        assert [x / sum(a.p) for x in a.p] == pytest.approx(b.p, rel=1e-9)
+
+
+def test_raw_calibration_is_the_release_formula():
+    ranking = reranker(method="capcal", alpha=1.0, normalise=False, guard=None).rerank("q", PASSAGES)
+    for step in ranking.steps:
+        uniform = 1.0 / len(step.p)
+        assert step.scores == pytest.approx([p - (q - uniform) for p, q in zip(step.p, step.q)])
+
+
+@pytest.mark.parametrize("method", ["capcal", "first-token-capcal"])
+def test_the_guard_keeps_the_given_order_below_its_threshold_and_says_so(method):
+    calls = []
+    ranking = reranker(calls, method=method, guard=1e9).rerank("q", PASSAGES)
+    assert ranking.order == tuple(range(12)) and ranking.guarded == (0,) and len(ranking.agreement) == 1
+    assert len(ranking.steps) == 1 and "no content signal" in ranking.notes[0]
+    assert sorted(range(12), key=lambda i: -ranking.scores[i]) == list(ranking.order)
+    assert len({p[0] for p in completion_prompts(calls)}) == 3  # real, empty, and the rotated real prompt
+
+
+@pytest.mark.parametrize("method", ["capcal", "first-token-capcal"])
+def test_above_its_threshold_the_guard_changes_nothing_but_one_prompt(method):
+    calls = []
+    guarded = reranker(calls, method=method, guard=-1e9).rerank("q", PASSAGES)
+    plain = reranker(method=method, guard=None).rerank("q", PASSAGES)
+    assert guarded.order == plain.order and guarded.guarded == () and plain.agreement == ()
+    assert math.isfinite(guarded.agreement[0])
+    rotated = [p for p in completion_prompts(calls) if "passage 6" in p[0].split("passage 0")[0]]
+    assert rotated and not any(VOCAB[" >"] in p for p in rotated)  # asked at the first step only
+
+
+def test_the_guard_leaves_uncalibrated_methods_alone():
+    ranking = reranker(method="vanilla", guard=1e9).rerank("q", PASSAGES)
+    assert ranking.agreement == () and ranking.guarded == ()
