@@ -37,16 +37,28 @@ DATA = pathlib.Path("/work/shared/data") if pathlib.Path("/work/shared/data").is
 RESULTS = ROOT / "benchmarks" / "results"
 TOP = 20
 
-CORE = ("bm25,first-token,first-token:capcal,vanilla,capcal,capcal:alpha=1.0,"
-        "capcal:probability=trie,vanilla:probability=trie")
-FIRST_TOKEN = "bm25,first-token,first-token:capcal"
+#: The specs of the runs made before the no-harm guard existed (``guard=none``: the default now guards).
+CORE = ("bm25,first-token,first-token:capcal,guard=none,vanilla,capcal:guard=none,capcal:alpha=1.0,guard=none,"
+        "capcal:probability=trie,guard=none,vanilla:probability=trie")
+FIRST_TOKEN = "bm25,first-token,first-token:capcal,guard=none"
 #: The bias runs use the per-node ("trie") form for the listwise methods: on the 40 DL19 rank runs
 #: ``vanilla:probability=trie`` gave exactly ``vanilla``'s rankings at a fifth of the time.
-LISTWISE_BIAS = "vanilla:probability=trie,capcal:probability=trie,capcal:alpha=1.0,probability=trie"
-VARIANTS = ("capcal:alpha=1.0,probability=trie,capcal:calibration=log,alpha=1.0,probability=trie,"
-            "capcal:placeholder=,alpha=1.0,probability=trie,capcal:alpha=0.5,probability=trie,"
-            "capcal:alpha=2.0,probability=trie,first-token:capcal,placeholder=,"
-            "vanilla:template=rank_gpt,probability=trie,capcal:template=rank_gpt,alpha=1.0,probability=trie")
+LISTWISE_BIAS = ("vanilla:probability=trie,capcal:probability=trie,guard=none,"
+                 "capcal:alpha=1.0,probability=trie,guard=none")
+VARIANTS = ("capcal:alpha=1.0,probability=trie,guard=none,capcal:calibration=log,alpha=1.0,probability=trie,guard=none,"
+            "capcal:placeholder=,alpha=1.0,probability=trie,guard=none,capcal:alpha=0.5,probability=trie,guard=none,"
+            "capcal:alpha=2.0,probability=trie,guard=none,first-token:capcal,placeholder=,guard=none,"
+            "vanilla:template=rank_gpt,probability=trie,"
+            "capcal:template=rank_gpt,alpha=1.0,probability=trie,guard=none")
+#: The CapCal authors' code, reproduced (issue 10): vanilla, the fixed rate 1.0 and the adaptive rule.
+RELEASE = "vanilla:preset=release,capcal:preset=release,alpha=1.0,capcal:preset=release"
+#: The guarded defaults.
+GUARDED = "capcal,first-token:capcal"
+#: Raw joint probabilities (the release's) against the renormalised ones, in the exact engine.
+RAW = "capcal:normalise=false,guard=none,capcal:alpha=1.0,normalise=false,guard=none"
+#: The release's prompt through the chat template, and a prompt with no example ranking to copy.
+TEMPLATES = ("vanilla:template=capcal,capcal:template=capcal,alpha=1.0,guard=none,"
+             "vanilla:template=no_example,capcal:template=no_example,alpha=1.0,guard=none")
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,11 @@ DL19, DL20, SCIFACT = "trec-dl19-passage", "trec-dl20-passage", "beir-scifact-te
 #: a later phase adds lists for the (one-step) first-token methods only: finished jobs are skipped.
 PHASES = (
     Phase("dl19-core", DL19, "rank", CORE),
+    Phase("dl19-release", DL19, "rank", RELEASE),
+    Phase("dl19-guard", DL19, "rank", GUARDED),
+    Phase("dl19-1.5b-guard", DL19, "rank", "capcal:probability=trie,first-token:capcal", queries=20, model="1.5b"),
+    Phase("dl19-raw", DL19, "rank", RAW, queries=22),
+    Phase("dl19-templates", DL19, "rank", TEMPLATES, queries=22),
     Phase("dl19-bias", DL19, "shuffle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=6),
     Phase("dl19-needle", DL19, "needle", f"{FIRST_TOKEN},{LISTWISE_BIAS}", queries=2, positions=(1, 4, 8, 12, 16, 20)),
     Phase("dl19-variants", DL19, "rank", VARIANTS, queries=8),

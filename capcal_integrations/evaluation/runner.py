@@ -139,6 +139,8 @@ def make_record(job: Job, ranking: Ranking | None, seconds: float, model: str = 
                              "s": _r(first.scores)}
     if ranking.notes:
         rec["notes"] = list(ranking.notes)
+    if ranking.agreement:
+        rec.update(agreement=_r(ranking.agreement, 4), guarded=list(ranking.guarded))
     return rec
 
 
