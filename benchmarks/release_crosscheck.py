@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/release_crosscheck.py --report-only
 
 Reads the official rankings written by ``benchmarks/release_official.py`` (the release's code run on
-CPU with the packaged Qwen2.5-Coder-0.5B converted to fp32 Hugging Face weights), ranks the same
+CPU with the packaged Qwen2.5-Coder-0.5B converted to Hugging Face weights, computed in float32), ranks the same
 candidates with ``CapCalReranker(preset="release")`` on the embedded llama.cpp server (the same
 model, Q4_K_M weights), and writes ``results/release-crosscheck/crosscheck.{json,md}``: per query and
 variant, both orders, Kendall tau, whether they are identical and, where they are not, the first

@@ -188,6 +188,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for method, (ranking, seconds) in results.items():
         best = next(r for r, i in enumerate(ranking.order) if passages[i]["grade"] == max(p["grade"] for p in passages))
         _out(f"{method:>8}: most relevant passage at rank {best + 1}; {ranking.usage.requests} requests, {seconds:.1f} s")
+        for note in ranking.notes:  # e.g. the no-harm guard kept the BM25 order
+            _out(f"{'':>8}  {note}")
     return 0
 
 

@@ -21,7 +21,7 @@ from capcal_integrations import (
     EndpointUnreachable,
     InputError,
 )
-from capcal_integrations.prompts import RANK_ZEPHYR, clean_passage, labels, render
+from capcal_integrations.prompts import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
 from capcal_integrations.protocol import chat_messages
 from tests._compare import assert_same_order_up_to_ties, assert_same_ranking
 from tests._samples import PASSAGES, QUERY
@@ -56,7 +56,7 @@ def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(server_url):
     # record every request the library sends to the real server
     sent = []
     http = httpx2.Client(event_hooks={"request": [lambda request: sent.append(request)]})
-    rr = CapCalReranker(client=openai.OpenAI(base_url=server_url, api_key="x", http_client=http))
+    rr = CapCalReranker(client=openai.OpenAI(base_url=server_url, api_key="x", http_client=http), guard=None)
     ranking = rr.rerank(QUERY, PASSAGES)
     steps = ranking.steps
     assert [len(s.candidates) for s in steps] == [5, 4, 3, 2]
@@ -89,6 +89,7 @@ def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(server_url):
 def test_sync_and_async_give_the_same_ranking(rr):
     # the same flow either way; the server's logprobs drift ~0.01 nat between calls, so orders may
     # differ only at a near-tie (tests/_compare.py)
+    rr = rr.with_options(guard=None)  # the decoding, all steps (the guard could stop after the first)
     sync = rr.rerank(QUERY, PASSAGES)
     asynchronous = asyncio.run(rr.arerank(QUERY, PASSAGES))
     assert_same_ranking(asynchronous, sync)
@@ -142,6 +143,43 @@ def test_label_probabilities_match_a_brute_force_chained_computation(rr, server_
     prefix = ids[first.chosen] + " >"
     expected = _brute_force_label_probs(client, model, messages, prefix, [" " + ids[i] for i in second.candidates])
     assert second.p == pytest.approx(expected, abs=0.02)
+
+
+def test_release_preset_raw_probabilities_match_single_requests(rr, server_url):
+    # the release's decoding: its raw tagged prompt, then "[" fed twice; a label below 10 is its digit
+    # and "]", from 10 its two digits; each probability is raw (not renormalised over the labels)
+    passages = PASSAGES + ["Fleas are small flightless insects.", "Paris is the capital of France.",
+                           "Adult fleas live up to a year.", "Flea eggs hatch in two days to two weeks.",
+                           "Rain is expected tomorrow.", "Fleas jump up to 30 cm."]
+    ranking = rr.with_options(preset="release", method="vanilla").rerank(QUERY, passages)
+    text = raw_text(render(CAPCAL, QUERY, [clean_passage(p, None) for p in passages], labels(len(passages))))
+    root = server_url.removesuffix("/v1")
+
+    def token(piece: str) -> int:
+        [t] = httpx2.post(root + "/tokenize", json={"content": piece, "add_special": False}).json()["tokens"]
+        return t
+
+    def logprob(ids: list[int], want: int) -> float:
+        answer = httpx2.post(server_url + "/completions", timeout=600, json={
+            "prompt": [[text, *ids]], "max_tokens": 1, "logprobs": 1000, "temperature": 0}).json()
+        return {e["id"]: e["logprob"] for e in answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}[want]
+
+    first = ranking.steps[0]
+    expected = []
+    for i in first.candidates:
+        path = [token(d) for d in str(i + 1)] + ([token("]")] if i + 1 < 10 else [])
+        expected.append(math.exp(sum(logprob([token("["), token("["), *path[:j]], t) for j, t in enumerate(path))))
+    assert sum(first.p) < 1.0
+    assert first.p == pytest.approx(expected, rel=0.05, abs=1e-3)
+
+
+def test_the_guard_decides_on_the_real_model_and_says_why(rr):
+    ranking = rr.with_options(guard=2.0).rerank(QUERY, PASSAGES)
+    assert len(ranking.agreement) == 1 and math.isfinite(ranking.agreement[0])
+    assert (ranking.guarded == (0,)) == (ranking.agreement[0] < 2.0)
+    forced = rr.with_options(guard=1e9).rerank(QUERY, PASSAGES)
+    assert forced.order == tuple(range(len(PASSAGES))) and forced.guarded == (0,) and "no content signal" in forced.notes[0]
+    assert len(forced.steps) == 1  # it stopped after the first step
 
 
 def test_trie_form_is_cheaper_and_still_a_permutation(rr):

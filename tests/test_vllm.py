@@ -55,7 +55,8 @@ def test_every_method_ranks_through_vllm(rr, sent, options):
         return
     streams = 2 if "capcal" in options["method"] else 1
     lists = [r for r in sent if r.url.path.endswith("/completions")]
-    assert len(lists) == streams * len(ranking.steps)  # one token-id prompt list per decoding step and stream
+    # one token-id prompt list per decoding step and stream, and one for the guard's rotated list
+    assert len(lists) == streams * len(ranking.steps) + len(ranking.agreement)
     assert all(all(isinstance(t, int) for p in json.loads(r.content)["prompt"] for t in p) for r in lists)
 
 
@@ -67,6 +68,7 @@ def test_sliding_window_over_30_passages(rr):
 
 
 def test_sync_and_async_agree(rr):
+    rr = rr.with_options(guard=None)  # the decoding, all steps (the guard could stop after the first)
     sync = rr.rerank(QUERY, PASSAGES)
     assert_same_ranking(asyncio.run(rr.arerank(QUERY, PASSAGES)), sync)
 
