@@ -52,13 +52,16 @@ def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OP
                 raise argparse.ArgumentTypeError(str(err)) from None
 
         default = f.default.name if isinstance(f.default, PromptTemplate) else f.default
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=convert, default=None,
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=convert, default=_UNSET,
                            choices=f.metadata["choices"] or None, help=f"{f.metadata['doc']} (default: {default})")
+
+
+_UNSET = object()  # not given on the command line (``--guard none`` gives None)
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The options given on the command line (those left unset keep the library's defaults)."""
-    return {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name, _UNSET) is not _UNSET}
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
@@ -150,7 +153,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         rr = _reranker(args, url, model)
         _out(f"capcal tune: {len(requests)} lists x {args.shuffles} shuffles, one decoding step each...", sys.stderr)
         choice = choose_alpha(rr, [(r["query"], r["passages"]) for r in requests], alphas=alphas,
-                              shuffles=args.shuffles, seed=args.seed or 0, form=args.form)
+                              shuffles=args.shuffles, seed=options_from_args(args).get("seed", 0), form=args.form)
     _out(json.dumps({"alpha": choice.alpha, "form": choice.form, "tau_by_alpha": choice.curve,
                      "queries": choice.queries, "shuffles": choice.shuffles, "requests": choice.usage.requests,
                      "weak": choice.weak}))
