@@ -156,12 +156,32 @@ def _faithful(data: pathlib.Path, results: pathlib.Path, dataset: str) -> str:
         guarded = [r for r in runs[key] if r["qid"] in common and "agreement" in r]
         guard = (f"{sum(bool(r['guarded']) for r in guarded)} of {len(guarded)} lists kept in BM25 order"
                  if guarded else "–")
+        mine = [r for r in runs[key] if r["qid"] in common]
         rows.append([label, f"`{key}`", str(len(common)), fmt(q.mean(key)), fmt(q.mean(key, CANDIDATES_NDCG)),
-                     vs, fmt(q.mean("bm25")), guard])
+                     vs, fmt(q.mean("bm25")), _first_pick(mine), _prior_top(mine), guard])
     if not rows:
         return "_Nothing finished yet._"
     return table(["variant", "spec", "queries", "nDCG@10", "nDCG@10, judged candidates only (release metric)",
-                  "Δ nDCG@10 (p_t, p_perm)", "BM25 on these queries", "no-harm guard"], rows)
+                  "Δ nDCG@10 (p_t, p_perm)", "BM25 on these queries", "commonest first pick (slot: lists)",
+                  "empty-prompt prior, top 3 slots (mean q, first step)", "no-harm guard"], rows)
+
+
+def _first_pick(records: list[dict]) -> str:
+    """The slot most often ranked first, and in how many of the lists."""
+    slots = [r["input"].index(r["order"][0]) + 1 for r in records]
+    best = max(set(slots), key=slots.count)
+    return f"[{best}]: {slots.count(best)}/{len(slots)}"
+
+
+def _prior_top(records: list[dict]) -> str:
+    """The three slots the empty prompt favours most, by mean first-step q (calibrated methods)."""
+    qs = [r["first_step"]["q"] for r in records if (r.get("first_step") or {}).get("q")]
+    if not qs:
+        return "–"
+    mean = [sum(col) / len(qs) for col in zip(*qs)]
+    total = sum(mean)
+    top = sorted(range(len(mean)), key=lambda i: -mean[i])[:3]
+    return ", ".join(f"[{i + 1}] {mean[i] / total:.2f}" for i in top)
 
 
 def _diff(t) -> str:

@@ -170,7 +170,8 @@ def test_release_preset_raw_probabilities_match_single_requests(rr, server_url):
         path = [token(d) for d in str(i + 1)] + ([token("]")] if i + 1 < 10 else [])
         expected.append(math.exp(sum(logprob([token("["), token("["), *path[:j]], t) for j, t in enumerate(path))))
     assert sum(first.p) < 1.0
-    assert first.p == pytest.approx(expected, rel=0.05, abs=1e-3)
+    # llama.cpp's batched prompt lists and single prompts differ by up to ~0.07 nat over two tokens here
+    assert first.p == pytest.approx(expected, rel=0.1, abs=2e-3)
 
 
 def test_the_guard_decides_on_the_real_model_and_says_why(rr):
