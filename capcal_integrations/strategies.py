@@ -11,6 +11,12 @@ client. Methods:
 * ``psc``: permutation self-consistency, ``m`` shuffled vanilla rankings aggregated by Borda count.
 
 Lists longer than ``window`` are ranked by a back-to-front sliding window (:func:`~.orders.windows`).
+
+The calibrated methods' no-harm guard (``Options.guard``) reads one more prompt at a window's first
+step, the same passages rotated by half the window, and keeps the window's given order when the
+calibrated scores of the two readings do not agree (:func:`~.calibration.content_agreement`): the
+model shows no content signal to calibrate. ``decoding="release"`` builds the prefixes and the
+identifiers as the CapCal authors' code does (:func:`_prefix`, :func:`_label_path`).
 """
 
 from __future__ import annotations
