@@ -170,7 +170,9 @@ async def test_single_document_is_copied_and_traced():
 def core(server_url, test_model) -> CapCalReranker:
     # probability="trie" asks one request per step and stream for single-digit labels (the exact
     # "joint" form asks several): the adapters' tests need the plumbing, not the exact form
-    return CapCalReranker(base_url=server_url, model=test_model, probability="trie")
+    # guard=None: the plumbing is compared with the core's own ranking, and a guard decision near its
+    # threshold could flip between the two calls with the server's drift
+    return CapCalReranker(base_url=server_url, model=test_model, probability="trie", guard=None)
 
 
 @pytest.fixture(scope="module")

@@ -228,7 +228,9 @@ def test_passage_details_worked_example():
 def core(server_url, test_model) -> CapCalReranker:
     # probability="trie" asks one request per step and stream for single-digit labels (the exact
     # "joint" form asks several): the adapters' tests need the plumbing, not the exact form
-    return CapCalReranker(base_url=server_url, model=test_model, probability="trie")
+    # guard=None: the plumbing is compared with the core's own ranking, and a guard decision near its
+    # threshold could flip between the two calls with the server's drift
+    return CapCalReranker(base_url=server_url, model=test_model, probability="trie", guard=None)
 
 
 @pytest.fixture(scope="module")
