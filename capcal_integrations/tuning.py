@@ -138,7 +138,7 @@ def _prepare(reranker: CapCalReranker, items: Iterable[tuple[str, Sequence[Any]]
     if not alphas or any(a < 0 for a in alphas):
         raise InputError(f"alphas must be a non-empty sequence of numbers >= 0, got {alphas!r}")
     form = form or reranker.options.calibration
-    probe = reranker.with_options(method="first-token-capcal", calibration=form, alpha=1.0)
+    probe = reranker.with_options(method="first-token-capcal", calibration=form, alpha=1.0, guard=None)
     return probe, _jobs(items, shuffles, seed, reranker.options.window), form
 
 
