@@ -1,7 +1,12 @@
 """Cross-check: the library's ``release`` preset against the CapCal authors' own code, query by query.
 
     .venv/bin/python benchmarks/release_crosscheck.py            # rank, compare, write the record
+    .venv/bin/python benchmarks/release_crosscheck.py --records benchmarks/results/trec-dl19-passage/records.jsonl
     .venv/bin/python benchmarks/release_crosscheck.py --report-only
+
+``--records`` takes the library's rankings from the benchmark's ``dl19-release`` phase (the same
+preset on the same candidates) instead of ranking again; those records keep only the first step's
+scores, so the margin is shown where the two orders part at rank 1.
 
 Reads the official rankings written by ``benchmarks/release_official.py`` (the release's code run on
 CPU with the packaged Qwen2.5-Coder-0.5B converted to Hugging Face weights, computed in float32), ranks the same
@@ -28,7 +33,7 @@ from capcal_integrations import CapCalReranker  # noqa: E402
 from capcal_integrations.evaluation.data import load_dataset  # noqa: E402
 from capcal_integrations.evaluation.markdown import table  # noqa: E402
 from capcal_integrations.orders import kendall_tau  # noqa: E402
-from capcal_integrations.types import Ranking  # noqa: E402
+from capcal_integrations.types import Step  # noqa: E402
 
 OUT = HERE / "results" / "release-crosscheck"
 #: The official variants as library options (on top of ``preset="release"``).
@@ -36,17 +41,24 @@ VARIANTS = {"vanilla": {"method": "vanilla"}, "fixed": {"method": "capcal", "alp
             "adaptive": {"method": "capcal", "alpha": "adaptive"}}
 
 
-def compare(official: list[int], ranking: Ranking) -> dict[str, Any]:
+#: The benchmark's spec of each variant (``--records``).
+SPECS = {"vanilla": "vanilla:preset=release", "fixed": "capcal:alpha=1.0,preset=release",
+         "adaptive": "capcal:preset=release"}
+
+
+def compare(official: list[int], ours: list[int], steps: list[Step]) -> dict[str, Any]:
     """Agreement of two orders of one list, and the library's margin where they first part."""
-    ours = list(ranking.order)
     row: dict[str, Any] = {"library": ours, "identical": ours == official, "tau": round(kendall_tau(ours, official), 4)}
     if ours == official:
         return row
     k = next(i for i, (a, b) in enumerate(zip(ours, official)) if a != b)
     row["first_difference"] = k
-    if k < len(ranking.steps):
-        step = ranking.steps[k]
+    gaps = sorted(_gap(s.scores) for s in steps if len(s.scores) > 1)
+    if k < len(steps):
+        step = steps[k]
         score = dict(zip(step.candidates, step.scores))
+        if gaps:  # how this margin compares with the ranking's decisions: the top-1 vs top-2 gap of every step
+            row["margin_percentile"] = round(sum(g <= score[ours[k]] - score[official[k]] for g in gaps) / len(gaps), 3)
         mine, theirs = score[ours[k]], score[official[k]]
         row.update(score_library_pick=round(mine, 6), score_official_pick=round(theirs, 6),
                    margin=round(mine - theirs, 6), relative_margin=round((mine - theirs) / abs(mine), 4) if mine else None)
@@ -67,18 +79,45 @@ def rank_all(official: dict, data: pathlib.Path, url: str | None) -> list[dict[s
         for row in official["rows"]:
             topic = topics[row["qid"]]
             docs = [c.document() for c in topic.candidates[:official["depth"]]]
-            assert [d.id for d in docs] == row["docids"], "the official run ranked other candidates"
+            assert [docs[i].id for i in row["order"]] == row["docids"], "the official run ranked other candidates"
             start = time.perf_counter()
             ranking = rr.with_options(**VARIANTS[row["variant"]]).rerank(topic.query, docs)
             rows.append({"qid": row["qid"], "variant": row["variant"], "official": row["order"],
                          "official_seconds": row["seconds"], "library_seconds": round(time.perf_counter() - start, 2),
-                         **compare(row["order"], ranking)})
+                         **compare(row["order"], list(ranking.order), list(ranking.steps))})
             print(f"{row['qid']} {row['variant']}: tau {rows[-1]['tau']:.3f} identical {rows[-1]['identical']}",
                   flush=True)
         return rows
     finally:
         if server is not None:
             server.stop()
+
+
+def _gap(scores: tuple[float, ...]) -> float:
+    top = sorted(scores, reverse=True)
+    return top[0] - top[1]
+
+
+def from_records(official: dict, records: pathlib.Path) -> list[dict[str, Any]]:
+    """The comparison with the library's rankings as the benchmark stored them."""
+    stored = {}
+    for line in records.read_text().splitlines():
+        r = json.loads(line)
+        stored[(r["qid"], r["method"])] = r
+    rows = []
+    for row in official["rows"]:
+        rec = stored.get((row["qid"], SPECS[row["variant"]]))
+        if rec is None:
+            continue
+        assert [rec["input"][i] for i in row["order"]] == row["docids"], "the official run ranked other candidates"
+        ours = [rec["input"].index(d) for d in rec["order"]]
+        first = rec.get("first_step") or {}
+        steps = [Step(tuple(first["candidates"]), tuple(first["p"]), None, tuple(first["s"]), 0.0, 0.0, ours[0])
+                 ] if first else []
+        rows.append({"qid": row["qid"], "variant": row["variant"], "official": row["order"],
+                     "official_seconds": row["seconds"], "library_seconds": rec["seconds"],
+                     **compare(row["order"], ours, steps)})
+    return rows
 
 
 def report(record: dict) -> str:
@@ -90,6 +129,8 @@ def report(record: dict) -> str:
         margin = "–"
         if "margin" in r:
             margin = f"{r['margin']:+.4f} ({r['score_library_pick']:.4f} vs {r['score_official_pick']:.4f})"
+            if "margin_percentile" in r:
+                margin += f"; smaller than {1 - r['margin_percentile']:.0%} of the ranking's step margins"
         body.append([r["qid"], r["variant"], "yes" if r["identical"] else "no", f"{r['tau']:.3f}",
                      "–" if r.get("first_difference") is None else str(r["first_difference"] + 1),
                      margin, " ".join(str(i + 1) for i in r["official"]), " ".join(str(i + 1) for i in r["library"]),
@@ -109,11 +150,14 @@ def report(record: dict) -> str:
         f"{record['official']['transformers']}), the packaged Qwen2.5-Coder-0.5B-Instruct converted to "
         f"{record['official']['model_dtype']} Hugging Face weights;",
         "- library: `CapCalReranker(preset=\"release\")` on the embedded llama.cpp server, the same model as "
-        "Q4_K_M weights;",
+        f"Q4_K_M weights; rankings {record.get('library_rankings', 'ranked by this script')};",
         f"- data: {record['official']['data']}, the first {record['official']['depth']} BM25 candidates, "
         f"placeholder \"{record['official']['placeholder']}\".\n",
         "The margin is the library's release score (raw probability, calibrated for fixed/adaptive) of its own pick "
-        "minus that of the official pick, at the first rank where the two differ.\n",
+        "minus that of the official pick, at the first rank where the two differ, and how it compares with the margins "
+        "of the library's own decisions in that ranking (the gap between its best and second-best score at each "
+        "step): a margin smaller than most of them is a near-tie, which the different weights (fp32 against "
+        "Q4_K_M) can flip.\n",
         table(["variant", "queries", "identical rankings", "mean Kendall τ"], summary) + "\n",
         table(head, body) + "\n",
     ])
@@ -124,6 +168,7 @@ def main() -> None:
     ap.add_argument("--official", default=str(OUT / "official.json"))
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "trec-dl19-passage"))
     ap.add_argument("--url", help="a running llama.cpp server with the 0.5B model (default: start one)")
+    ap.add_argument("--records", help="take the library's rankings from this benchmark records file")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
     path = OUT / "crosscheck.json"
@@ -131,9 +176,11 @@ def main() -> None:
         record = json.loads(path.read_text())
     else:
         official = json.loads(pathlib.Path(a.official).read_text())
+        rows = (from_records(official, pathlib.Path(a.records)) if a.records
+                else rank_all(official, pathlib.Path(a.data), a.url))
         record = {"generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  "official": {k: v for k, v in official.items() if k != "rows"},
-                  "rows": rank_all(official, pathlib.Path(a.data), a.url)}
+                  "library_rankings": f"from {a.records}" if a.records else "ranked by this script",
+                  "official": {k: v for k, v in official.items() if k != "rows"}, "rows": rows}
         path.write_text(json.dumps(record, indent=1) + "\n")
     (OUT / "crosscheck.md").write_text(report(record))
     print(OUT / "crosscheck.md")
