@@ -52,8 +52,10 @@ VARIANTS = ("capcal:alpha=1.0,probability=trie,guard=none,capcal:calibration=log
             "capcal:template=rank_gpt,alpha=1.0,probability=trie,guard=none")
 #: The CapCal authors' code, reproduced (issue 10): vanilla, the fixed rate 1.0 and the adaptive rule.
 RELEASE = "vanilla:preset=release,capcal:preset=release,alpha=1.0,capcal:preset=release"
-#: The guarded defaults.
-GUARDED = "capcal,first-token:capcal"
+#: The guarded defaults, and the first step's calibration with raw and with renormalised probabilities
+#: (one step each, on the prompts the guard has just read).
+GUARDED = ("capcal,first-token:capcal,first-token:capcal,normalise=false,guard=none,"
+           "first-token:capcal,alpha=1.0,normalise=false,guard=none,first-token:capcal,alpha=1.0,guard=none")
 #: Raw joint probabilities (the release's) against the renormalised ones, in the exact engine.
 RAW = "capcal:normalise=false,guard=none,capcal:alpha=1.0,normalise=false,guard=none"
 #: The release's prompt through the chat template, and a prompt with no example ranking to copy.

@@ -244,7 +244,8 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     for key, members in groups.items():
         template = state.templates[key]
         prompts = [[*template, *(i for i, _ in queries[j].prefix)] if tokens
-                   else [template, *(i for i, _ in queries[j].prefix)] for j in members]
+                   else [template, *(i for i, _ in queries[j].prefix)] if queries[j].prefix
+                   else template for j in members]  # llama.cpp refuses a mixed prompt of text alone
         body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0}
         if tokens:
             body["return_tokens_as_token_ids"] = True

@@ -103,6 +103,9 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
             choices = []
             for i, prompt in enumerate(prompts):
                 if isinstance(prompt, list):  # llama.cpp's mixed prompt: text and token ids
+                    if not any(isinstance(x, int) for x in prompt):  # as llama.cpp: text alone is not a mixed prompt
+                        message = '"prompt" elements must be a string, a list of tokens, ... or a list of mixed strings & tokens.'
+                        return httpx2.Response(400, json={"error": {"code": 400, "message": message}})
                     prompt = "".join(x if isinstance(x, str) else PIECE.get(x, "x") for x in prompt)
                 lp = content_logprobs(prompt, body.get("logprobs") or 1)
                 if legacy:

@@ -174,6 +174,15 @@ def test_release_preset_raw_probabilities_match_single_requests(rr, server_url):
     assert first.p == pytest.approx(expected, rel=0.1, abs=2e-3)
 
 
+def test_raw_probabilities_on_the_real_server_are_the_renormalised_ones_unscaled(rr):
+    # normalise=False also asks the "[" every label shares (at the first step: with no prefix at all)
+    raw = rr.with_options(method="vanilla", normalise=False).rerank(QUERY, PASSAGES)
+    normalised = rr.with_options(method="vanilla").rerank(QUERY, PASSAGES)
+    first = raw.steps[0]
+    assert 0.0 < sum(first.p) < 1.0
+    assert [x / sum(first.p) for x in first.p] == pytest.approx(normalised.steps[0].p, abs=0.02)
+
+
 def test_the_guard_decides_on_the_real_model_and_says_why(rr):
     ranking = rr.with_options(guard=2.0).rerank(QUERY, PASSAGES)
     assert len(ranking.agreement) == 1 and math.isfinite(ranking.agreement[0])
