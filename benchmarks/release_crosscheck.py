@@ -65,8 +65,14 @@ def compare(official: list[int], ours: list[int], steps: list[Step]) -> dict[str
     return row
 
 
-def rank_all(official: dict, data: pathlib.Path, url: str | None) -> list[dict[str, Any]]:
+def rank_all(official: dict, data: pathlib.Path, url: str | None, done: list[dict[str, Any]],
+             save: Any) -> list[dict[str, Any]]:
+    """Rank what ``done`` lacks, calling ``save(rows)`` after each ranking (a stopped run resumes)."""
     topics = {t.qid: t for t in load_dataset(data).topics}
+    finished = {(r["qid"], r["variant"]) for r in done}
+    todo = [row for row in official["rows"] if (row["qid"], row["variant"]) not in finished]
+    if not todo:
+        return done
     server = None
     if url is None:
         from capcal_integrations.server import EmbeddedServer
@@ -75,8 +81,8 @@ def rank_all(official: dict, data: pathlib.Path, url: str | None) -> list[dict[s
         url = server.base_url
     try:
         rr = CapCalReranker(base_url=url, timeout=900, preset="release")
-        rows = []
-        for row in official["rows"]:
+        rows = list(done)
+        for row in todo:
             topic = topics[row["qid"]]
             docs = [c.document() for c in topic.candidates[:official["depth"]]]
             assert [docs[i].id for i in row["order"]] == row["docids"], "the official run ranked other candidates"
@@ -87,6 +93,7 @@ def rank_all(official: dict, data: pathlib.Path, url: str | None) -> list[dict[s
                          **compare(row["order"], list(ranking.order), list(ranking.steps))})
             print(f"{row['qid']} {row['variant']}: tau {rows[-1]['tau']:.3f} identical {rows[-1]['identical']}",
                   flush=True)
+            save(rows)
         return rows
     finally:
         if server is not None:
@@ -176,12 +183,20 @@ def main() -> None:
         record = json.loads(path.read_text())
     else:
         official = json.loads(pathlib.Path(a.official).read_text())
-        rows = (from_records(official, pathlib.Path(a.records)) if a.records
-                else rank_all(official, pathlib.Path(a.data), a.url))
         record = {"generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "library_rankings": f"from {a.records}" if a.records else "ranked by this script",
-                  "official": {k: v for k, v in official.items() if k != "rows"}, "rows": rows}
-        path.write_text(json.dumps(record, indent=1) + "\n")
+                  "official": {k: v for k, v in official.items() if k != "rows"}, "rows": []}
+
+        def save(rows: list[dict[str, Any]]) -> None:
+            record["rows"] = rows
+            path.write_text(json.dumps(record, indent=1) + "\n")
+
+        if a.records:
+            save(from_records(official, pathlib.Path(a.records)))
+        else:
+            previous = json.loads(path.read_text()) if path.is_file() else {}
+            done = previous.get("rows", []) if previous.get("library_rankings") == record["library_rankings"] else []
+            save(rank_all(official, pathlib.Path(a.data), a.url, done, save))
     (OUT / "crosscheck.md").write_text(report(record))
     print(OUT / "crosscheck.md")
 

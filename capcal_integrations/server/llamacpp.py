@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -62,5 +63,9 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
         sys.stderr.flush()
         stop.wait()
         # xllamacpp.Server has no stop()/close(): dropping the only reference runs the C++ destructor,
-        # which stops the HTTP listener and joins the main loop (~0.1 s). No os._exit needed.
+        # which stops the HTTP listener and joins the main loop (~0.1 s). Once, with a request in flight
+        # when the parent died, it released the port and then spun for minutes: the kernel's alarm ends
+        # the process if the destructor has not returned in 15 s (it holds the GIL, so no thread could).
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(15)
         del server
