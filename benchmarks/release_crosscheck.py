@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/release_crosscheck.py            # rank, compare, write the record
     .venv/bin/python benchmarks/release_crosscheck.py --records benchmarks/results/trec-dl19-passage/records.jsonl
+        # -> results/release-crosscheck/crosscheck-records.{json,md}
     .venv/bin/python benchmarks/release_crosscheck.py --report-only
 
 ``--records`` takes the library's rankings from the benchmark's ``dl19-release`` phase (the same
@@ -177,8 +178,10 @@ def main() -> None:
     ap.add_argument("--url", help="a running llama.cpp server with the 0.5B model (default: start one)")
     ap.add_argument("--records", help="take the library's rankings from this benchmark records file")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--name", help="output name (default: crosscheck, or crosscheck-records with --records)")
     a = ap.parse_args()
-    path = OUT / "crosscheck.json"
+    name = a.name or ("crosscheck-records" if a.records else "crosscheck")
+    path = OUT / f"{name}.json"
     if a.report_only:
         record = json.loads(path.read_text())
     else:
@@ -197,8 +200,8 @@ def main() -> None:
             previous = json.loads(path.read_text()) if path.is_file() else {}
             done = previous.get("rows", []) if previous.get("library_rankings") == record["library_rankings"] else []
             save(rank_all(official, pathlib.Path(a.data), a.url, done, save))
-    (OUT / "crosscheck.md").write_text(report(record))
-    print(OUT / "crosscheck.md")
+    (OUT / f"{name}.md").write_text(report(record))
+    print(OUT / f"{name}.md")
 
 
 if __name__ == "__main__":
