@@ -146,7 +146,7 @@ class Options:
             choices = f.metadata["choices"]
             value = getattr(self, f.name)
             if choices and f.name != "template" and value not in choices and not (f.name == "preset" and value is None):
-                raise InputError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
+                raise InputError(f"unknown {f.name} {value!r}; choose one of {', '.join(choices)}")
         if not (self.alpha == "adaptive" or (isinstance(self.alpha, (int, float)) and self.alpha >= 0)):
             raise InputError(f"alpha must be 'adaptive' or a number >= 0, got {self.alpha!r}")
         if self.window < 2 or not 1 <= self.stride <= self.window:

@@ -243,9 +243,7 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     calls = []
     for key, members in groups.items():
         template = state.templates[key]
-        prompts = [[*template, *(i for i, _ in queries[j].prefix)] if tokens
-                   else [template, *(i for i, _ in queries[j].prefix)] if queries[j].prefix
-                   else template for j in members]  # llama.cpp refuses a mixed prompt of text alone
+        prompts = [_prompt(template, queries[j].prefix, tokens) for j in members]
         body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0}
         if tokens:
             body["return_tokens_as_token_ids"] = True
@@ -267,6 +265,16 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
         for i, choice in zip(members, got):
             choices[i] = choice
     return choices
+
+
+def _prompt(template: Any, prefix: tuple[Token, ...], tokens: bool) -> Any:
+    """One prompt of a list: the template's token ids and the prefix's (vLLM), or llama.cpp's mixed
+    prompt, the template's text then the prefix's ids (text alone when there is no prefix: llama.cpp
+    refuses a mixed prompt without ids)."""
+    ids = [i for i, _ in prefix]
+    if tokens:
+        return [*template, *ids]
+    return [template, *ids] if ids else template
 
 
 def template_call(model: str, messages: Messages, *, tokens: bool) -> Call:

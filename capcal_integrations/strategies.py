@@ -238,14 +238,16 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
             [(rotated, prefix)] if rotated and not steps else [])
         scored = yield from label_logprobs(state, contexts, paths, form=opts.probability, top=opts.top_logprobs,
                                            shared=not opts.normalise, raw=opts.prompt == "raw")
-        shares_p = normalise_logprobs(scored[0].logprobs)  # entropy and the adaptive rate always use these
-        p = shares_p if opts.normalise else _raw(scored[0].logprobs)
-        q = (normalise_logprobs(scored[1].logprobs) if opts.normalise else _raw(scored[1].logprobs)) if empty else None
+        # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
+        shares_of = [normalise_logprobs(x.logprobs) for x in scored]
+        calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
+        shares_p, p = shares_of[0], calibrate_on[0]
+        q = calibrate_on[1] if empty else None
         alpha, s = 0.0, p
         if q is not None:
             alpha = adaptive_alpha(shares_p) if opts.alpha == "adaptive" else float(opts.alpha)
             s = calibrated(p, q, alpha, opts.calibration)
-            prior = prior or tuple(normalise_logprobs(scored[1].logprobs))
+            prior = prior or tuple(shares_of[1])
         bounds += sum(x.upper_bounds for x in scored)
         share = shares(s)
         ranked = order_of_scores(s)
@@ -253,7 +255,7 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
         steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
                           upper_bounds=bounds))
         if rotated and len(steps) == 1:
-            agreement = content_agreement(shares_p, normalise_logprobs(scored[2].logprobs), prior, half)
+            agreement = content_agreement(shares_p, shares_of[2], prior, half)
             if agreement < opts.guard:
                 return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
         if first_only:
