@@ -122,14 +122,14 @@ def score_labels(labels: Sequence[Path], children: Mapping[Path, Sequence[Token]
 
 
 def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path]], labels: Sequence[Path], *,
-                   form: str = "joint", top: int = 20, shared: bool = False, raw: bool = False
+                   form: str = "joint", top: int = 20, shared: bool = False, render: str = "chat"
                    ) -> Flow[list[LabelScores]]:
     """Log-probability of every label after each ``(messages, assistant prefix tokens)`` context;
-    ``shared`` asks the tokens common to all labels too (raw joint probabilities), ``raw`` sends the
-    messages as plain text instead of through the chat template."""
+    ``shared`` asks the tokens common to all labels too (raw joint probabilities), ``render`` names the
+    prompt format (``"chat"``: the server's chat template)."""
     children = label_trie(labels)
     asked = nodes_to_ask(children, form, shared=shared)
-    queries = [Query(messages, prefix + node, tuple(children[node]), raw)
+    queries = [Query(messages, prefix + node, tuple(children[node]), render)
                for messages, prefix in contexts for node in asked]
     found = yield from _ask(state, queries, top)
     return [score_labels(labels, children, dict(zip(asked, found[c * len(asked):(c + 1) * len(asked)])), form)

@@ -16,14 +16,24 @@ from typing import Any
 
 from .calibration import FORMS
 from .errors import InputError
-from .prompts import DEFAULT_PLACEHOLDER, RANK_ZEPHYR, RELEASE_PLACEHOLDER, TEMPLATES, PromptTemplate, labels, resolve_template
+from .prompts import (
+    DEFAULT_PLACEHOLDER,
+    PROMPT_FORMATS,
+    RANK_ZEPHYR,
+    RELEASE_PLACEHOLDER,
+    TEMPLATES,
+    PromptTemplate,
+    labels,
+    resolve_template,
+)
 
 __all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 
-#: Every ranking method of the engine.
-METHODS = ("capcal", "vanilla", "first-token", "first-token-capcal", "psc")
+#: Every ranking method of the engine. ``auto`` runs ``capcal`` where the endpoint can continue an
+#: assistant prefix and ``first-token-capcal`` where it cannot (hosted chat APIs).
+METHODS = ("auto", "capcal", "vanilla", "first-token", "first-token-capcal", "psc")
 #: The methods that run the content-free prompt and calibrate against it.
-CALIBRATED_METHODS = frozenset({"capcal", "first-token-capcal"})
+CALIBRATED_METHODS = frozenset({"auto", "capcal", "first-token-capcal"})
 
 
 def _alpha(raw: str) -> float | str:
@@ -100,7 +110,8 @@ class Options:
 
     preset: str | None = _option(None, "Apply a named bundle of options first ('release': the CapCal authors' code, "
                                  "quirks included); options given with it win.", _optional_str, tuple(PRESETS))
-    method: str = _option("capcal", "Ranking method: capcal | vanilla | first-token | first-token-capcal | psc.",
+    method: str = _option("auto", "Ranking method: auto (capcal where the endpoint can continue an assistant prefix, "
+                          "else first-token-capcal) | capcal | vanilla | first-token | first-token-capcal | psc.",
                           choices=METHODS)
     alpha: float | str = _option("adaptive", "'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
                                  "calibration strength >= 0.", _alpha)
@@ -118,9 +129,10 @@ class Options:
     template: PromptTemplate = _option(RANK_ZEPHYR, "Prompt: 'rank_zephyr', 'rank_gpt', 'capcal' (the release's), "
                                        "'no_example' (no example ranking to copy) or a PromptTemplate.",
                                        choices=tuple(TEMPLATES), accepts=str | PromptTemplate)
-    prompt: str = _option("chat", "'chat' (the model's chat template) or 'raw' (the messages as plain text with "
-                          "<|system|>/<|user|>/<|assistant|> tags, as the release sends them; needs /v1/completions).",
-                          choices=("chat", "raw"))
+    prompt: str = _option("chat", "'chat' (the server applies the model's chat template), 'raw' (plain text with "
+                          "<|system|>/<|user|>/<|assistant|> tags, as the release sends it) or a chat format rendered "
+                          "here for completions endpoints without one: 'chatml', 'llama3', 'gemma' (all but 'chat' "
+                          "need /v1/completions).", choices=("chat", *PROMPT_FORMATS))
     decoding: str = _option("exact", "'exact' (identifiers as the model spells them, ' [3] > [5] > [') or 'release' "
                             "(the release's '[3]>[5]>[', a second '[' fed before each digit is scored, no "
                             "closing ']' for identifiers from 10).", choices=("exact", "release"))

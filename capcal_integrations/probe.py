@@ -2,9 +2,11 @@
 
 The probe picks the cheapest exact way to read next-token log-probabilities after an assistant
 prefix (:attr:`~.types.Capabilities.transport`): llama.cpp's templated ``/v1/completions`` prompt lists,
-else chat completions that continue a prefilled assistant message, else none (then every method
-raises :class:`~.errors.CapabilityError` naming what is missing). Optional routes that an endpoint
-lacks answer 400/404/405/422/501; :func:`optional` turns exactly those into ``None``.
+vLLM's token-id prompt lists, else chat completions that continue a prefilled assistant message. Where
+there is none (hosted APIs), it looks for a plain ``/v1/completions`` that takes text prompt lists
+(``text_completions``). :func:`route` then says how a prompt format is read on this endpoint.
+Optional routes that an endpoint lacks answer 400/404/405/422/501; :func:`optional` turns exactly
+those into ``None``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .types import Capabilities
 
 log = logging.getLogger(__name__)
 
-__all__ = ["capabilities", "probe", "optional"]
+__all__ = ["capabilities", "probe", "optional", "route", "ROUTES"]
 
 _UNSUPPORTED = (400, 404, 405, 422, 501)
 _PROBE_PREFIX = "A B C D E F G H I J K L M N O P Q R S T U V W X"
@@ -88,15 +90,49 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
     lists = (yield from _probe_completions(model, tokenize)) if chat.logprobs else Completions()
     if lists.transport == "token-completions":
         server = server or "vllm"
+    text = 0 if lists.transport else (yield from _probe_text_completions(model))
     caps = Capabilities(
         model=model, logprobs=chat.logprobs,
         max_top_logprobs=1000 if server == "llama.cpp" else max(lists.max_top_logprobs, chat.max_top_logprobs),
         transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
         tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport),
         logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
-        slots=int(props.get("total_slots") or 0))
+        slots=int(props.get("total_slots") or 0), text_completions=text)
     log.info("probed endpoint: %s", caps)
     return caps
+
+
+#: How identifier probabilities are read (:func:`route`): after any assistant prefix in the server's chat
+#: template (``prefix``), after any prefix in a prompt rendered here (``text``), or from the model's
+#: own answer, first identifier only (``generation``).
+ROUTES = ("prefix", "text", "generation")
+
+
+def route(caps: Capabilities, prompt: str = "chat") -> str:
+    """How this endpoint reads identifier probabilities for prompts in format ``prompt``
+    (``Options.prompt``); a :class:`~.errors.CapabilityError` when it cannot at all."""
+    if caps.transport in ("completions", "token-completions") or (caps.transport == "chat" and prompt == "chat"):
+        return "prefix"
+    if caps.text_completions and prompt != "chat":
+        return "text"
+    if caps.transport == "chat":
+        raise CapabilityError(f"prompt={prompt!r} is sent as text through /v1/completions, which this endpoint does "
+                              "not offer with prompt lists; use prompt='chat'", missing="completions prompt lists")
+    if caps.logprobs:
+        return "generation"
+    raise CapabilityError("the endpoint returns no log-probabilities (chat completions with logprobs/top_logprobs, "
+                          "or /v1/completions with logprobs); every method needs them", missing="logprobs")
+
+
+def _probe_text_completions(model: str) -> Flow[int]:
+    """The top-k of a ``/v1/completions`` that answers a list of two text prompts with log-probabilities
+    (20, else 5 as OpenAI's legacy completions allow), or 0."""
+    for k in (20, 5):
+        answer = yield from optional(Call("POST", "completions", {
+            "model": model, "prompt": ["A B C", "1 2 3"], "max_tokens": 1, "logprobs": k, "temperature": 0}))
+        if answer is not None:
+            return k if _two_choices(answer, by_id=False) else 0
+    return 0
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from .errors import InputError
 from .types import Document
 
 __all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",
-           "RELEASE_PLACEHOLDER", "labels", "clean_passage", "render", "raw_text"]
+           "RELEASE_PLACEHOLDER", "labels", "clean_passage", "render", "raw_text", "PROMPT_FORMATS", "prompt_text"]
 
 #: The content-free passage of the reference release's configuration (``ExpConfig``).
 DEFAULT_PLACEHOLDER = "This is a placeholder passage for bias testing."
@@ -188,3 +188,36 @@ def raw_text(messages: Messages) -> str:
     '\\n<|system|>\\nS\\n<|user|>\\nU\\n<|assistant|>\\n'
     """
     return "\n" + "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"
+
+
+def _chatml(messages: Messages) -> str:
+    return "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages) + "<|im_start|>assistant\n"
+
+
+def _llama3(messages: Messages) -> str:
+    turns = "".join(f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>" for role, content in messages)
+    return turns + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def _gemma(messages: Messages) -> str:
+    system = "\n\n".join(c for r, c in messages if r == "system")
+    turns = [(r, c) for r, c in messages if r != "system"]
+    if system and turns:  # Gemma has no system role: its template puts the system text before the first turn
+        turns[0] = (turns[0][0], f"{system}\n\n{turns[0][1]}")
+    body = "".join(f"<start_of_turn>{'model' if r == 'assistant' else r}\n{c}<end_of_turn>\n" for r, c in turns)
+    return body + "<start_of_turn>model\n"
+
+
+#: Prompts rendered on the client, for ``/v1/completions`` endpoints that render no chat template
+#: (``Options.prompt``): the release's plain tags (``raw``), or a model family's chat format. The server
+#: adds the BOS token, as it does for any text prompt.
+PROMPT_FORMATS = {"raw": raw_text, "chatml": _chatml, "llama3": _llama3, "gemma": _gemma}
+
+
+def prompt_text(messages: Messages, style: str) -> str:
+    """The messages as one text prompt in ``style`` (a :data:`PROMPT_FORMATS` name).
+
+    >>> prompt_text((("system", "S"), ("user", "U")), "chatml")
+    '<|im_start|>system\\nS<|im_end|>\\n<|im_start|>user\\nU<|im_end|>\\n<|im_start|>assistant\\n'
+    """
+    return PROMPT_FORMATS[style](messages)

@@ -18,6 +18,10 @@ log-probabilities after an assistant prefix, by one of three transports:
   returns exactly the tokens wanted (no top-k, no upper bounds);
 * ``"chat"``: chat completions that continue a prefilled assistant message, one request per prefix.
 
+Endpoints that can do none of these (hosted chat APIs) are read through token *strings*
+(:mod:`.textlabels`): :func:`text_next_tokens` sends text prompts, rendered here, to a plain
+``/v1/completions``; :func:`generate` asks for an ordinary chat completion with ``top_logprobs``.
+
 Both logprob shapes (``content`` lists, legacy ``top_logprobs`` dicts) are parsed; probing is :mod:`.probe`.
 """
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .errors import CapabilityError, ResponseError
-from .prompts import Messages, raw_text
+from .prompts import Messages, prompt_text
 from .slots import SlotPins
 from .types import Capabilities, Usage
 
@@ -59,16 +63,16 @@ class Query:
     messages: Messages
     prefix: tuple[Token, ...]
     want: tuple[Token, ...]
-    raw: bool = False  # send the messages as plain tagged text (prompts.raw_text), not via the chat template
+    render: str = "chat"  # "chat": the server's chat template; else a prompts.PROMPT_FORMATS name, rendered here
 
     @property
     def text(self) -> str:
         return "".join(piece for _, piece in self.prefix)
 
     @property
-    def prompt(self) -> tuple[Messages, bool]:
-        """What identifies the rendered prompt (the same messages, raw or templated, are two prompts)."""
-        return self.messages, self.raw
+    def prompt(self) -> tuple[Messages, str]:
+        """What identifies the rendered prompt (the same messages in two formats are two prompts)."""
+        return self.messages, self.render
 
 
 @dataclass
@@ -80,8 +84,9 @@ class EndpointState:
     model: str | None = None
     caps: Capabilities | None = None
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
-    templates: dict[tuple[Messages, bool], Any] = field(default_factory=dict)  # rendered text, or token ids
+    templates: dict[tuple[Messages, str], Any] = field(default_factory=dict)  # rendered text, or token ids
     slots: SlotPins = field(default_factory=SlotPins)
+    announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
 
 
 def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[str, str]]:
@@ -202,9 +207,9 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
     assert caps is not None, "probe the endpoint first"
     if caps.transport in ("completions", "token-completions"):
         choices = yield from _completions(state, caps, queries, top)
-    elif any(q.raw for q in queries):
-        raise CapabilityError("prompt='raw' sends plain text through /v1/completions, which this endpoint does not "
-                              "offer with prompt lists; use prompt='chat'", missing="completions prompt lists")
+    elif any(q.render != "chat" for q in queries):
+        raise CapabilityError(f"prompt={queries[0].render!r} sends text through /v1/completions, which this endpoint "
+                              "does not offer with prompt lists; use prompt='chat'", missing="completions prompt lists")
     elif caps.transport == "chat":
         answers = yield [Call("POST", "chat/completions", {
             "model": caps.model, "messages": chat_messages(q.messages, q.text), "max_tokens": 1,
@@ -228,16 +233,17 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     """One ``/v1/completions`` request per prompt with every prefix as a prompt list, the prefix as the
     served model's token ids: llama.cpp gets the template as text (``/apply-template``) followed by
     the ids, pinned to a slot; vLLM gets token ids only (the template from ``/tokenize`` with
-    ``messages``) and answers by token id. A raw prompt is rendered here (:func:`~.prompts.raw_text`)."""
+    ``messages``) and answers by token id. A prompt in a client-side format is rendered here
+    (:func:`~.prompts.prompt_text`), and tokenized by vLLM."""
     tokens = caps.transport == "token-completions"
     missing = sorted({q.prompt for q in queries if q.prompt not in state.templates})
-    ask = [key for key in missing if tokens or not key[1]]
-    answers = (yield [tokenize_call("vllm", caps.model, raw_text(m)) if raw else template_call(caps.model, m, tokens=tokens)
-                      for m, raw in ask]) if ask else []
+    ask = [key for key in missing if tokens or key[1] == "chat"]
+    answers = (yield [template_call(caps.model, m, tokens=tokens) if style == "chat"
+                      else tokenize_call("vllm", caps.model, prompt_text(m, style)) for m, style in ask]) if ask else []
     rendered = dict(zip(ask, answers))
     for key in missing:
-        state.templates[key] = (_template_of(rendered[key], tokens) if key in rendered else raw_text(key[0]))
-    groups: dict[tuple[Messages, bool], list[int]] = {}
+        state.templates[key] = (_template_of(rendered[key], tokens) if key in rendered else prompt_text(*key))
+    groups: dict[tuple[Messages, str], list[int]] = {}
     for i, q in enumerate(queries):
         groups.setdefault(q.prompt, []).append(i)
     calls = []
@@ -297,3 +303,49 @@ def _template_of(answer: Any, tokens: bool) -> Any:
     if not isinstance(prompt, str):
         raise ResponseError("malformed /apply-template answer", body=answer)
     return prompt
+
+
+# --------------------------------------------------------------------------- token strings (no ids, no tokenizer)
+
+Alternatives = tuple[tuple[str, float], ...]  # (token text, logprob) at one position, best first
+Generated = tuple[tuple[str, Alternatives], ...]  # per generated position: the token chosen, its alternatives
+
+
+def _alternatives(entries: list[tuple[int | None, str, float]]) -> Alternatives:
+    return tuple(sorted(((piece, value) for _, piece, value in entries), key=lambda e: -e[1]))
+
+
+def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> Flow[list[Alternatives]]:
+    """The top-``top`` next tokens after each text prompt, from one ``/v1/completions`` request with the
+    prompts as a list (``Capabilities.text_completions``: no template, no tokenizer, no ids)."""
+    caps = state.caps
+    assert caps is not None, "probe the endpoint first"
+    [answer] = yield [Call("POST", "completions", {"model": caps.model, "prompt": list(prompts), "max_tokens": 1,
+                                                   "logprobs": min(top, caps.text_completions), "temperature": 0})]
+    got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)) if isinstance(answer, Mapping) else []
+    if len(got) != len(prompts):
+        raise ResponseError(f"asked for {len(prompts)} completions, got {len(got)}", body=answer)
+    out = [_alternatives(top_entries(c)) for c in got]
+    if not all(out):
+        raise ResponseError("a completion carries no top log-probabilities", body=answer)
+    return out
+
+
+def generate(state: EndpointState, conversations: Sequence[Messages], *, max_tokens: int, top: int
+             ) -> Flow[list[Generated]]:
+    """An ordinary greedy chat completion per conversation, with the ``top`` alternatives of every
+    generated token (hosted APIs cap ``top_logprobs`` at 20)."""
+    caps = state.caps
+    assert caps is not None, "probe the endpoint first"
+    answers = yield [Call("POST", "chat/completions", {
+        "model": caps.model, "messages": chat_messages(m), "max_tokens": max_tokens, "temperature": 0,
+        "logprobs": True, "top_logprobs": min(top, caps.max_top_logprobs)}) for m in conversations]
+    out = []
+    for answer in answers:
+        choice = (answer.get("choices") or [None])[0] if isinstance(answer, Mapping) else None
+        content = ((choice or {}).get("logprobs") or {}).get("content") if isinstance(choice, Mapping) else None
+        if not isinstance(content, list) or not content:
+            raise ResponseError("the chat completion carries no per-token log-probabilities", body=answer)
+        out.append(tuple((str(pos.get("token", "")), _alternatives(top_entries({"logprobs": {"content": [pos]}})))
+                         for pos in content))
+    return out

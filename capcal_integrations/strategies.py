@@ -8,7 +8,13 @@ client. Methods:
 * ``vanilla``: constrained listwise decoding, no calibration;
 * ``capcal``: the same decoding, each step's distribution calibrated against the empty prompt's;
 * ``first-token`` / ``first-token-capcal``: everything ranked from the first step's distribution;
-* ``psc``: permutation self-consistency, ``m`` shuffled vanilla rankings aggregated by Borda count.
+* ``psc``: permutation self-consistency, ``m`` shuffled vanilla rankings aggregated by Borda count;
+* ``auto``: ``capcal`` where the endpoint can continue an assistant prefix, else ``first-token-capcal``.
+
+Where the endpoint cannot continue a prefix (:func:`~.probe.route` ``"generation"``: hosted chat APIs),
+the first-token methods read the first identifier of the model's own answer (:mod:`.textlabels`),
+``vanilla`` is the model's answer parsed (identifiers it left out appended in their given order) and
+``psc`` aggregates ``m`` such answers; ``capcal`` needs the prefix.
 
 Lists longer than ``window`` are ranked by a back-to-front sliding window (:func:`~.orders.windows`).
 
@@ -29,14 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
-from .errors import InputError
-from .labels import label_logprobs
+from .errors import CapabilityError, InputError
+from .labels import LabelScores, label_logprobs
 from .options import Options
 from .orders import borda, order_of_scores, rank_scores, windows
-from .probe import capabilities
-from .prompts import clean_passage, labels, passage_text, render
-from .protocol import EndpointState, Flow, Token, tokenize
-from .types import Document, Ranking, Step, as_document
+from .probe import capabilities, route
+from .prompts import clean_passage, labels, passage_text, prompt_text, render
+from .protocol import EndpointState, Flow, Token, generate, tokenize
+from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
+from .types import Capabilities, Document, Ranking, Step, as_document
 
 __all__ = ["rerank_flow", "parallel", "validated"]
 
@@ -59,7 +66,8 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
     n = len(docs)
     if n <= 1:
         return Ranking(tuple(range(n)), (1.0,) * n, opts.method)
-    yield from capabilities(state)
+    caps = yield from capabilities(state)
+    opts = _resolve(state, caps, opts)
     texts = yield from _fit(state, opts, query, docs)
     if opts.method != "psc":
         return (yield from _sliding(state, opts, query, texts))
@@ -71,6 +79,28 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
     # steps are left out: each run's steps index its own shuffled list
     return Ranking(tuple(order), rank_scores(order, [1.0] * n), "psc",
                    upper_bounds=sum(run.upper_bounds for run in runs))
+
+
+def _resolve(state: EndpointState, caps: Capabilities, opts: Options) -> Options:
+    """The options with ``auto`` resolved for this endpoint; ``capcal`` where it cannot run is an error
+    that names the method that can."""
+    way = route(caps, opts.prompt)
+    if opts.method == "auto":
+        method = "capcal" if way != "generation" else "first-token-capcal"
+        if ("auto", way) not in state.announced:
+            state.announced.add(("auto", way))
+            why = ("it continues an assistant prefix" if way == "prefix" else
+                   f"its /v1/completions continues a prompt rendered here ({opts.prompt})" if way == "text" else
+                   "it cannot continue an assistant prefix, so the first identifier of the model's answer is read")
+            log.info("capcal: method auto runs %s on %s: %s", method, caps.model, why)
+        return opts.replace(method=method)
+    if opts.method == "capcal" and way == "generation":
+        raise CapabilityError(
+            "method='capcal' decodes step by step after an assistant prefix, which this endpoint cannot continue "
+            "(no assistant prefill and no text /v1/completions); method='first-token-capcal' reads the calibrated "
+            "first step from the model's answer instead (two requests per list), and method='auto' picks it",
+            missing="assistant prefill", alternatives=("first-token-capcal", "auto"))
+    return opts
 
 
 def parallel(flows: Sequence[Flow]) -> Flow[list]:
@@ -140,6 +170,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
         members = order[start:end]
         result = yield from _rank_window(state, opts, query, [texts[i] for i in members], first_only)
+        notes += [f"window {w}: {note}" for note in result.notes]
         if result.agreement is not None:
             agreement.append(result.agreement)
         if result.guarded:
@@ -154,6 +185,10 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
                        members[s.chosen], w, s.upper_bounds) for s in result.steps]
         prior = prior or result.prior
         bounds += result.upper_bounds
+    if bounds and route(state.caps, opts.prompt) == "generation":
+        notes.append(f"{bounds} identifier probabilities are upper bounds: the model's answer did not pass through a "
+                     "token they share (a tokenizer that splits numbers into digits shares '1' among [1], [10]..[19]); "
+                     "window <= 9 reads every identifier exactly on this endpoint")
     scores = rank_scores(order, confidence)
     if first_only and n <= opts.window and not guarded:
         by_input = [0.0] * n
@@ -181,27 +216,44 @@ def _tokens(state: EndpointState, spellings: Sequence[str]) -> tuple[Token, ...]
     return tuple(t for s in spellings for t in state.label_tokens[s])
 
 
-def _prefix(state: EndpointState, opts: Options, chosen: Sequence[str]) -> tuple[Token, ...]:
-    """The assistant prefix after ``chosen`` identifiers, as the served model's tokens.
+def _prefix_spellings(opts: Options, chosen: Sequence[str]) -> list[str]:
+    """The assistant prefix after ``chosen`` identifiers, as spellings whose tokens build it.
 
-    ``exact``: ``[3] > [5] >`` is the tokens of ``[3]``, `` >``, `` [5]``, `` >`` (the spellings a
-    ranking is generated in). ``release``: the release feeds ``[``, then per pick the digits, ``]``,
-    ``>``, ``[``, and scores after one more ``[`` (``[3]>[5]>[[``)."""
+    ``exact``: ``[3] > [5] >`` is ``[3]``, `` >``, `` [5]``, `` >`` (the spellings a ranking is generated
+    in). ``release``: the release feeds ``[``, then per pick the digits, ``]``, ``>``, ``[``, and scores
+    after one more ``[`` (``[3]>[5]>[[``)."""
     if opts.decoding == "release":
-        return _tokens(state, ["[", *(x for label in chosen for x in (*label[1:-1], "]", ">", "[")), "["])
-    out: tuple[Token, ...] = ()
-    for k, label in enumerate(chosen):
-        out += state.label_tokens[(" " if k else "") + label] + state.label_tokens[SEPARATOR]
-    return out
+        return ["[", *(x for label in chosen for x in (*label[1:-1], "]", ">", "[")), "["]
+    return [x for k, label in enumerate(chosen) for x in ((" " if k else "") + label, SEPARATOR)]
 
 
-def _label_path(state: EndpointState, opts: Options, label: str, first: bool) -> tuple[Token, ...]:
-    """The tokens scored for ``label`` after the prefix: `` [12]`` (``[12]`` first); for the release,
-    its digits, and ``]`` only below 10 (``3]``, ``12``)."""
+def _label_spellings(opts: Options, label: str, first: bool) -> list[str]:
+    """What is scored for ``label`` after the prefix: `` [12]`` (``[12]`` first); for the release, its
+    digits, and ``]`` only below 10 (``3]``, ``12``)."""
     if opts.decoding == "release":
         digits = label[1:-1]
-        return _tokens(state, [*digits, *("]" if len(digits) == 1 else ())])
-    return state.label_tokens[("" if first else " ") + label]
+        return [*digits, *("]" if len(digits) == 1 else ())]
+    return [("" if first else " ") + label]
+
+
+def _label_scores(state: EndpointState, opts: Options, way: str, streams: Sequence[Any], allowed: Sequence[str],
+                  chosen: Sequence[str]) -> Flow[list[LabelScores]]:
+    """Each allowed label's log-probability after the ``chosen`` ones, for each stream's messages, read
+    the endpoint's way (:func:`~.probe.route`): by the served model's tokens after the prefix, by token
+    strings after a text prompt, or from the model's answer (first step only)."""
+    first = not chosen
+    if way == "prefix":
+        prefix = _tokens(state, _prefix_spellings(opts, chosen))
+        paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
+        return (yield from label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability,
+                                          top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt))
+    if way == "text":
+        prefix = "".join(_prefix_spellings(opts, chosen))
+        texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
+        return (yield from text_label_logprobs(state, [prompt_text(m, opts.prompt) + prefix for m in streams], texts,
+                                               form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
+    scored, _ = yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs)
+    return scored
 
 
 @dataclass(frozen=True)
@@ -213,6 +265,7 @@ class _Window:
     upper_bounds: int
     agreement: float | None = None  # the guard's z-score, when it ran
     guarded: bool = False  # kept in the given order: no content signal
+    notes: tuple[str, ...] = ()
 
 
 def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool
@@ -224,7 +277,10 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     half = n // 2  # the guard's second reading: the same passages, rotated by half the window
     rotated = render(opts.template, query, texts[half:] + texts[:half], ids) if (
         empty and opts.guard is not None and n >= 4) else None
-    spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens]
+    way = route(state.caps, opts.prompt)
+    if way == "generation" and not first_only:
+        return (yield from _generated_window(state, real, ids))
+    spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if way == "prefix" else []
     if spellings:
         text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
         for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
@@ -232,12 +288,8 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     remaining, chosen_labels = list(range(n)), []
     order, confidence, steps, prior, bounds, agreement = [], [0.0] * n, [], None, 0, None
     while len(remaining) > 1:
-        prefix = _prefix(state, opts, chosen_labels)
-        paths = [_label_path(state, opts, ids[i], not chosen_labels) for i in remaining]
-        contexts = [(real, prefix)] + ([(empty, prefix)] if empty else []) + (
-            [(rotated, prefix)] if rotated and not steps else [])
-        scored = yield from label_logprobs(state, contexts, paths, form=opts.probability, top=opts.top_logprobs,
-                                           shared=not opts.normalise, raw=opts.prompt == "raw")
+        streams = [real] + ([empty] if empty else []) + ([rotated] if rotated and not steps else [])
+        scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
         # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
         shares_of = [normalise_logprobs(x.logprobs) for x in scored]
         calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
@@ -267,6 +319,15 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     if remaining:
         confidence[remaining[0]] = 1.0
     return _Window(order, confidence, steps, prior, bounds, agreement)
+
+
+def _generated_window(state: EndpointState, messages: Any, ids: Sequence[str]) -> Flow[_Window]:
+    """``vanilla`` where no prefix can be continued: the model's own answer, parsed."""
+    [answer] = yield from generate(state, [messages], max_tokens=6 * len(ids) + 16, top=1)
+    order, missing = parse_ranking("".join(token for token, _ in answer), ids)
+    notes = (f"the model's answer left out {missing} of {len(ids)} identifiers; they follow in their given order",
+             ) if missing else ()
+    return _Window(order, [0.0] * len(ids), [], None, 0, notes=notes)
 
 
 def _raw(logprobs: Sequence[float]) -> list[float]:

@@ -146,8 +146,11 @@ class Capabilities:
 
     ``transport`` is the cheapest exact way found to read next-token log-probabilities after an
     arbitrary assistant prefix: ``"completions"`` (templated prompt + prompt lists, llama.cpp),
-    ``"chat"`` (chat completions continuing a prefilled assistant turn), or ``""`` when the endpoint
-    cannot continue a prefix (only the ``first-token`` method works there).
+    ``"token-completions"`` (the same in token ids, vLLM), ``"chat"`` (chat completions continuing a
+    prefilled assistant turn), or ``""`` when the endpoint cannot continue a prefix in the model's
+    chat template (hosted APIs). ``text_completions`` is the top-k of a plain ``/v1/completions`` that
+    takes lists of text prompts (0: none); there a prompt rendered on the client continues any prefix.
+    ``logprobs``: chat completions return ``top_logprobs`` (then generated answers can be read).
     """
 
     model: str
@@ -162,3 +165,4 @@ class Capabilities:
     context: int | None = None
     server: str = ""
     slots: int = 0  # llama.cpp server slots (prompts are pinned to one each)
+    text_completions: int = 0

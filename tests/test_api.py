@@ -33,4 +33,4 @@ def test_a_plain_import_loads_the_core_alone():
     assert not [m for m in ours if m.split(".")[1:2] in (["evaluation"], ["server"], ["cli"], ["adapter"])], ours
     heavy = ("xllamacpp", "llama_index", "langchain_core", "matplotlib", "scipy", "ir_measures", "tqdm")
     assert not [m for m in loaded if m.split(".")[0] in heavy], "a framework or eval dependency was imported"
-    assert len(ours) <= 16, ours
+    assert len(ours) <= 17, ours  # the package, its 15 core modules and textlabels (read from token strings)

@@ -149,10 +149,13 @@ def test_endpoint_without_logprob_continuation_names_what_is_missing():
 
     rr = reranker(make_handler(fault=fault))
     caps = rr.capabilities()
-    assert caps.transport == "" and caps.tokenize == ""
-    with pytest.raises(CapabilityError) as info:
+    assert caps.transport == "" and caps.tokenize == "" and caps.text_completions == 0 and caps.logprobs
+    with pytest.raises(CapabilityError) as info:  # step-by-step decoding needs the prefix: the error names what works
+        rr.with_options(method="capcal").rerank("q", ["a", "b", "c"])
+    assert info.value.missing == "assistant prefill" and "first-token-capcal" in str(info.value)
+    assert "first-token-capcal" in info.value.alternatives
+    with pytest.raises(ResponseError, match="names no identifier"):  # auto reads the answer, which has none
         rr.rerank("q", ["a", "b", "c"])
-    assert info.value.missing
 
 
 def test_no_endpoint_configured_says_how_to_start_one():

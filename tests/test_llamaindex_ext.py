@@ -188,7 +188,7 @@ def test_single_node_needs_no_model_and_is_copied(events):
     assert out is not given and out.node is not given.node and out.node.node_id == given.node.node_id
     assert out.score == rerank.last_ranking.scores[0] == 1.0
     assert out.node.metadata[RETRIEVAL_SCORE_KEY] == 10.0
-    assert out.node.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "capcal", "upper_bounds": 0}
+    assert out.node.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "auto", "upper_bounds": 0}
     # the added keys stay out of the text the LLM and the embedder see
     assert out.node.get_content(MetadataMode.LLM) == given.node.get_content(MetadataMode.LLM)
     assert out.node.get_content(MetadataMode.EMBED) == given.node.get_content(MetadataMode.EMBED)

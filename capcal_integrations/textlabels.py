@@ -1,0 +1,176 @@
+"""Identifier probabilities read from token *strings*: for endpoints with no tokenizer and no token ids.
+
+Hosted APIs return, per position, the text of the top tokens and their log-probabilities, nothing
+else. An identifier's probability is then read by walking its spelling through those strings: a
+*node* is the text written so far after the prefix (``""``, ``"["``, ``"[1"``), its *read* is the
+top-k alternatives at that point, and an alternative extends the node by its text. Whatever the
+tokenizer does (``[`` ``1`` ``2`` ``]``, or ``[12``, or ``12]>``), the label ``[12]`` is reached by the
+alternatives whose texts spell it, and :func:`score_texts` sums the paths that reach it.
+
+Two ways to get reads:
+
+* :func:`text_label_logprobs` (``/v1/completions`` with text prompts): any node can be read (the
+  prompt plus the node's text), so the walk reads every node it needs, breadth first, all contexts
+  of a step in one request per level;
+* :func:`generated_label_logprobs` (chat completions without prefill): only the nodes along the
+  model's own greedy answer are read, one request per context. A node the answer did not pass
+  through and that several identifiers share (``[1`` for ``[1]``, ``[10]``..``[19]`` when the
+  tokenizer splits numbers into digits) leaves those identifiers an *upper bound*: its probability.
+
+A label missing from a read's top-k takes the read's smallest log-probability (an upper bound), as in
+:mod:`.labels`. A node only one allowed label can pass through counts as that label (its closing
+``]`` is not read); with ``probability="trie"`` the text walk reads only nodes several labels share.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+from .errors import ResponseError
+from .labels import LabelScores
+from .prompts import Messages
+from .protocol import Alternatives, EndpointState, Flow, Generated, generate, text_next_tokens
+
+__all__ = ["score_texts", "nodes_to_read", "text_label_logprobs", "generated_label_logprobs", "path_reads",
+           "parse_ranking"]
+
+Reads = Mapping[str, Alternatives]  # node text -> the alternatives read there
+
+
+def score_texts(labels: Sequence[str], reads: Reads, start: str = "", *, strip: bool = False) -> LabelScores:
+    """Each label's log-probability from ``start`` (its text must begin with ``start``), summed over the
+    read paths that spell it. ``strip`` drops leading whitespace of the alternatives read at ``start``
+    (a generated answer may begin ``" [4]"``). A label with no fully read path gets an upper bound:
+    the probability of the unread node it passes through, or the read's floor when no alternative
+    spells it; those are counted in ``upper_bounds``.
+
+    >>> reads = {"": (("[", math.log(.9)), ("x", math.log(.1))),
+    ...          "[": (("1", math.log(.5)), ("2", math.log(.3)), ("3", math.log(.1)))}
+    >>> s = score_texts(["[1]", "[2]", "[3]", "[10]", "[4]"], reads)
+    >>> [round(math.exp(v), 3) for v in s.logprobs], s.upper_bounds  # [1] and [10] share the unread "[1"
+    ([0.45, 0.27, 0.09, 0.45, 0.09], 3)
+    """
+    out, bounds = [], 0
+    for label in labels:
+        exact, bound = _value(label, start, reads, labels, strip)
+        out.append(exact if exact is not None else bound)
+        bounds += exact is None
+    return LabelScores(tuple(out), bounds)
+
+
+def _value(label: str, node: str, reads: Reads, labels: Sequence[str], strip: bool) -> tuple[float | None, float]:
+    """(log-probability over fully read paths or None, upper bound) of ``label``'s rest from ``node``."""
+    read = reads.get(node)
+    if read is None:  # not read: exact only when no other label passes through this node
+        return (0.0 if sum(other.startswith(node) for other in labels) == 1 else None), 0.0
+    exact, bound = [], []
+    for piece, logprob in read:
+        text = node + (piece.lstrip() if strip and node == "" else piece)
+        if len(text) <= len(node):
+            continue
+        if text.startswith(label):  # spelled whole (whatever follows belongs to the next step)
+            exact.append(logprob)
+        elif label.startswith(text):
+            rest, rest_bound = _value(label, text, reads, labels, False)
+            if rest is not None:
+                exact.append(logprob + rest)
+            bound.append(logprob + rest_bound)
+    if exact:
+        return _logsumexp(exact), _logsumexp(exact)
+    return None, max(bound) if bound else min((v for _, v in read), default=-math.inf)
+
+
+def nodes_to_read(labels: Sequence[str], reads: Reads, form: str = "joint") -> list[str]:
+    """The unread nodes the reads lead to that a label passes through (``joint``), or that several
+    labels share (``trie``).
+
+    >>> nodes_to_read(["[1]", "[10]", "[2]"], {"[": (("1", -0.5), ("2", -1.0), ("x", -3.0))})
+    ['[1', '[2']
+    >>> nodes_to_read(["[1]", "[10]", "[2]"], {"[": (("1", -0.5), ("2", -1.0))}, "trie")
+    ['[1']
+    """
+    need = 1 if form == "joint" else 2
+    found = {node + piece for node, read in reads.items() for piece, _ in read if piece}
+    return sorted(t for t in found - set(reads) if sum(label.startswith(t) and label != t for label in labels) >= need)
+
+
+def text_label_logprobs(state: EndpointState, prompts: Sequence[str], labels: Sequence[str], *, form: str = "joint",
+                        top: int = 20, shared: bool = False) -> Flow[list[LabelScores]]:
+    """Every label's log-probability after each text prompt (the whole prompt: template, messages and the
+    assistant prefix), read breadth first through ``/v1/completions``: one request per level of the
+    walk for all prompts. The text every label begins with is not read unless ``shared``."""
+    start = "" if shared else os.path.commonprefix(list(labels))
+    reads: list[dict[str, Alternatives]] = [{} for _ in prompts]
+    frontier = [(c, start) for c in range(len(prompts))]
+    while frontier:
+        answers = yield from text_next_tokens(state, [prompts[c] + node for c, node in frontier], top)
+        for (c, node), answer in zip(frontier, answers):
+            reads[c][node] = answer
+        frontier = [(c, node) for c in range(len(prompts)) for node in nodes_to_read(labels, reads[c], form)]
+    return [score_texts(labels, r, start) for r in reads]
+
+
+def path_reads(generated: Generated, anchor: str = "[") -> tuple[dict[str, Alternatives], str]:
+    """The reads along a generated answer, from the first token that starts an identifier (its text,
+    stripped, begins with ``anchor``): node ``""`` there, then the text generated since. Also the
+    whole generated text.
+
+    >>> g = (("Ranking:", ()), (" [", ((" [", -0.1),)), ("4", (("4", -0.2), ("1", -2.0))), ("]", (("]", -0.01),)))
+    >>> reads, text = path_reads(g)
+    >>> sorted(reads), text
+    (['', '[', '[4'], 'Ranking: [4]')
+    """
+    text = "".join(token for token, _ in generated)
+    start = next((i for i, (token, _) in enumerate(generated) if token.lstrip().startswith(anchor)), None)
+    if start is None:
+        return {}, text
+    reads, node = {}, ""
+    for k, (token, alternatives) in enumerate(generated[start:]):
+        reads[node] = alternatives
+        node += token.lstrip() if k == 0 else token
+    return reads, text
+
+
+def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messages], labels: Sequence[str], *,
+                             top: int = 20) -> Flow[tuple[list[LabelScores], list[str]]]:
+    """Every label's log-probability as the first identifier of the model's answer to each
+    conversation, read along its own greedy answer (one chat completion each), and the answers."""
+    answers = yield from generate(state, conversations, max_tokens=_ANSWER_TOKENS, top=top)
+    out, texts = [], []
+    for answer in answers:
+        reads, text = path_reads(answer, os.path.commonprefix(list(labels))[:1] or "[")
+        if not reads:
+            raise ResponseError(f"the model's answer names no identifier in its first {_ANSWER_TOKENS} tokens, so "
+                                f"there is no first-identifier distribution to read: {text!r}", body=text)
+        out.append(score_texts(labels, reads, strip=True))
+        texts.append(text)
+    return out, texts
+
+
+#: Tokens generated to read the first identifier: room for a short preamble ("Sure! The ranking is:").
+_ANSWER_TOKENS = 24
+
+
+_IDENTIFIER = re.compile(r"\[\s*([0-9]{1,3}|[A-Za-z])\s*\]")
+
+
+def parse_ranking(text: str, labels: Sequence[str]) -> tuple[list[int], int]:
+    """The label indices in the order the answer names them (first mention wins; unknown
+    identifiers are skipped), then the labels it left out in their given order; and how many were
+    left out.
+
+    >>> parse_ranking("[2] > [4] > [2] > [9] > [1]", ["[1]", "[2]", "[3]", "[4]"])
+    ([1, 3, 0, 2], 1)
+    """
+    index = {label: i for i, label in enumerate(labels)}
+    order = list(dict.fromkeys(index[f"[{m}]"] for m in _IDENTIFIER.findall(text) if f"[{m}]" in index))
+    missing = [i for i in range(len(labels)) if i not in set(order)]
+    return order + missing, len(missing)
+
+
+def _logsumexp(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
