@@ -186,9 +186,10 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
         prior = prior or result.prior
         bounds += result.upper_bounds
     if bounds and route(state.caps, opts.prompt) == "generation":
-        notes.append(f"{bounds} identifier probabilities are upper bounds: the model's answer did not pass through a "
-                     "token they share (a tokenizer that splits numbers into digits shares '1' among [1], [10]..[19]); "
-                     "window <= 9 reads every identifier exactly on this endpoint")
+        notes.append(f"{bounds} identifier probabilities are estimates (counted in upper_bounds): the model's answer "
+                     "did not pass through a token they share, or they were outside its top log-probabilities (a "
+                     "tokenizer that splits numbers into digits shares '1' among [1] and [10]..[19]); window=9 "
+                     "reads every identifier exactly on this endpoint")
     scores = rank_scores(order, confidence)
     if first_only and n <= opts.window and not guarded:
         by_input = [0.0] * n

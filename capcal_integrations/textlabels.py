@@ -43,30 +43,37 @@ Reads = Mapping[str, Alternatives]  # node text -> the alternatives read there
 def score_texts(labels: Sequence[str], reads: Reads, start: str = "", *, strip: bool = False) -> LabelScores:
     """Each label's log-probability from ``start`` (its text must begin with ``start``), summed over the
     read paths that spell it. ``strip`` drops leading whitespace of the alternatives read at ``start``
-    (a generated answer may begin ``" [4]"``). A label with no fully read path gets an upper bound:
-    the probability of the unread node it passes through, or the read's floor when no alternative
-    spells it; those are counted in ``upper_bounds``.
+    (a generated answer may begin ``" [4]"``). A label with no fully read path is estimated (see
+    :func:`_value`: an upper bound, or the floor of a read) and counted in ``upper_bounds``.
 
     >>> reads = {"": (("[", math.log(.9)), ("x", math.log(.1))),
     ...          "[": (("1", math.log(.5)), ("2", math.log(.3)), ("3", math.log(.1)))}
     >>> s = score_texts(["[1]", "[2]", "[3]", "[10]", "[4]"], reads)
     >>> [round(math.exp(v), 3) for v in s.logprobs], s.upper_bounds  # [1] and [10] share the unread "[1"
-    ([0.45, 0.27, 0.09, 0.45, 0.09], 3)
+    ([0.45, 0.27, 0.09, 0.09, 0.09], 3)
     """
     out, bounds = [], 0
     for label in labels:
-        exact, bound = _value(label, start, reads, labels, strip)
-        out.append(exact if exact is not None else bound)
+        exact, estimate = _value(label, start, reads, labels, strip)
+        out.append(exact if exact is not None else estimate if estimate is not None else -math.inf)
         bounds += exact is None
     return LabelScores(tuple(out), bounds)
 
 
-def _value(label: str, node: str, reads: Reads, labels: Sequence[str], strip: bool) -> tuple[float | None, float]:
-    """(log-probability over fully read paths or None, upper bound) of ``label``'s rest from ``node``."""
+def _value(label: str, node: str, reads: Reads, labels: Sequence[str], strip: bool
+           ) -> tuple[float | None, float | None]:
+    """(log-probability over fully read paths or None, estimate or None) of ``label``'s rest from ``node``.
+
+    A node not read counts whole for the one label that passes through it. When several do (``[1`` of
+    ``[1]`` and ``[10]``), the shortest of them (``[1]``, the node closed) is estimated by the node's
+    probability, an upper bound; the others by the floor of the read above (None here)."""
     read = reads.get(node)
-    if read is None:  # not read: exact only when no other label passes through this node
-        return (0.0 if sum(other.startswith(node) for other in labels) == 1 else None), 0.0
-    exact, bound = [], []
+    if read is None:
+        sharing = [other for other in labels if other.startswith(node)]
+        if len(sharing) == 1:
+            return 0.0, 0.0
+        return None, (0.0 if len(label) == min(map(len, sharing)) else None)
+    exact, estimate = [], []
     for piece, logprob in read:
         text = node + (piece.lstrip() if strip and node == "" else piece)
         if len(text) <= len(node):
@@ -74,13 +81,14 @@ def _value(label: str, node: str, reads: Reads, labels: Sequence[str], strip: bo
         if text.startswith(label):  # spelled whole (whatever follows belongs to the next step)
             exact.append(logprob)
         elif label.startswith(text):
-            rest, rest_bound = _value(label, text, reads, labels, False)
+            rest, rest_estimate = _value(label, text, reads, labels, False)
             if rest is not None:
                 exact.append(logprob + rest)
-            bound.append(logprob + rest_bound)
+            elif rest_estimate is not None:
+                estimate.append(logprob + rest_estimate)
     if exact:
-        return _logsumexp(exact), _logsumexp(exact)
-    return None, max(bound) if bound else min((v for _, v in read), default=-math.inf)
+        return _logsumexp(exact), None
+    return None, max(estimate) if estimate else min((v for _, v in read), default=-math.inf)
 
 
 def nodes_to_read(labels: Sequence[str], reads: Reads, form: str = "joint") -> list[str]:
@@ -113,18 +121,24 @@ def text_label_logprobs(state: EndpointState, prompts: Sequence[str], labels: Se
     return [score_texts(labels, r, start) for r in reads]
 
 
-def path_reads(generated: Generated, anchor: str = "[") -> tuple[dict[str, Alternatives], str]:
-    """The reads along a generated answer, from the first token that starts an identifier (its text,
-    stripped, begins with ``anchor``): node ``""`` there, then the text generated since. Also the
-    whole generated text.
+def path_reads(generated: Generated, labels: Sequence[str]) -> tuple[dict[str, Alternatives], str]:
+    """The reads along a generated answer from its first token that begins an identifier (its text,
+    stripped, starts a label or spells one): node ``""`` there, then the text generated since. Also
+    the whole generated text. Tokens before it (a preamble, or junk such as ``[]``) are skipped: the
+    distribution read is then the first identifier's *after* them.
 
-    >>> g = (("Ranking:", ()), (" [", ((" [", -0.1),)), ("4", (("4", -0.2), ("1", -2.0))), ("]", (("]", -0.01),)))
-    >>> reads, text = path_reads(g)
+    >>> g = (("[]", ()), (" >", ()), (" [", ((" [", -0.1),)), ("4", (("4", -0.2), ("1", -2.0))), ("]", (("]", -0.01),)))
+    >>> reads, text = path_reads(g, ["[1]", "[4]"])
     >>> sorted(reads), text
-    (['', '[', '[4'], 'Ranking: [4]')
+    (['', '[', '[4'], '[] > [4]')
     """
     text = "".join(token for token, _ in generated)
-    start = next((i for i, (token, _) in enumerate(generated) if token.lstrip().startswith(anchor)), None)
+
+    def begins(token: str) -> bool:
+        t = token.lstrip()
+        return bool(t) and any(label.startswith(t) or t.startswith(label) for label in labels)
+
+    start = next((i for i, (token, _) in enumerate(generated) if begins(token)), None)
     if start is None:
         return {}, text
     reads, node = {}, ""
@@ -141,7 +155,7 @@ def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messa
     answers = yield from generate(state, conversations, max_tokens=_ANSWER_TOKENS, top=top)
     out, texts = [], []
     for answer in answers:
-        reads, text = path_reads(answer, os.path.commonprefix(list(labels))[:1] or "[")
+        reads, text = path_reads(answer, labels)
         if not reads:
             raise ResponseError(f"the model's answer names no identifier in its first {_ANSWER_TOKENS} tokens, so "
                                 f"there is no first-identifier distribution to read: {text!r}", body=text)

@@ -8,6 +8,8 @@
 - :mod:`.launcher`: :class:`EmbeddedServer` / :class:`VllmServer` (a server as a child process that
   dies with its parent), :func:`find_running` and :func:`endpoint` (the given endpoint, a running
   server, or an embedded one).
+- :mod:`.gateway`: :class:`HostedGateway`, a local server shown as a hosted API (chat completions,
+  optionally plain completions, top_logprobs capped at 20, no token ids, no tokenizer routes).
 
 ``python -m capcal_integrations.server --model 0.5b --port 8080`` serves http://127.0.0.1:8080/v1.
 Importing this package does not import xllamacpp.
@@ -16,9 +18,10 @@ Importing this package does not import xllamacpp.
 from __future__ import annotations
 
 from ..errors import ModelError, ServerError
+from .gateway import HostedGateway
 from .launcher import ENGINES, EmbeddedServer, VllmServer, endpoint, find_running
 from .llamacpp import serve
 from .models import MODELS, ModelSpec, cache_dir, model_path
 
 __all__ = ["MODELS", "ModelSpec", "model_path", "cache_dir", "serve", "EmbeddedServer", "VllmServer", "ENGINES",
-           "find_running", "endpoint", "ModelError", "ServerError"]
+           "find_running", "endpoint", "ModelError", "ServerError", "HostedGateway"]

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot (default 4096)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--alias", default="local", help='model name shown by /v1/models (default "local")')
+    ap.add_argument("--no-prefill", action="store_true",
+                    help="do not continue a final assistant message (behave as hosted APIs do)")
     ap.add_argument("--parent-fd", type=int, default=None,
                     help="read end of a pipe held open by the parent; stop when it reads EOF (set by EmbeddedServer)")
     a = ap.parse_args(argv)
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(vllm.serve(a.model, a.host, a.port, alias=a.alias, max_model_len=a.ctx_per_slot,
                                 parent_fd=a.parent_fd))
         serve(a.model, a.host, a.port, n_ctx_per_slot=a.ctx_per_slot, n_parallel=a.n_parallel,
-              threads=a.threads, alias=a.alias, parent_fd=a.parent_fd)
+              threads=a.threads, alias=a.alias, parent_fd=a.parent_fd, prefill=not a.no_prefill)
     except CapCalError as e:
         sys.stderr.write(f"capcal: error: {e}\n")
         sys.exit(1)

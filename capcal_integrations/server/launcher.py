@@ -80,11 +80,12 @@ class EmbeddedServer:
 
     def __init__(self, model: str = "0.5b", host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout: float | None = None, *, n_parallel: int = 8, ctx_per_slot: int = 4096,
-                 threads: int | None = None, alias: str = "local") -> None:
+                 threads: int | None = None, alias: str = "local", prefill: bool = True) -> None:
         _spec(model)
         self.model, self.host, self.port, self.alias = model, host, port, alias
         self.startup_timeout = self.default_startup_timeout if startup_timeout is None else startup_timeout
         self.n_parallel, self.ctx_per_slot, self.threads = n_parallel, ctx_per_slot, threads
+        self.prefill = prefill  # False: llama.cpp does not continue a final assistant message (as hosted APIs)
         self.log_path: pathlib.Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lifeline: int | None = None  # write end of the pipe the child watches; closed in stop()
@@ -108,7 +109,7 @@ class EmbeddedServer:
         return [sys.executable, "-m", "capcal_integrations.server", "--model", self.model,
                 "--host", self.host, "--port", str(self.port), "--parent-fd", str(parent_fd),
                 "--n-parallel", str(self.n_parallel), "--ctx-per-slot", str(self.ctx_per_slot), "--alias", self.alias,
-                *(["--threads", str(self.threads)] if self.threads else [])]
+                *(["--threads", str(self.threads)] if self.threads else []), *([] if self.prefill else ["--no-prefill"])]
 
     def _fail(self, why: str) -> ServerError:
         self.stop()

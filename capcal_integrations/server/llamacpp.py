@@ -33,8 +33,11 @@ def check_port(host: str, port: int) -> None:
 
 def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_ctx_per_slot: int = 4096,
           n_parallel: int = 8, threads: int | None = None, alias: str = "local", cache_ram_mib: int = 1024,
-          parent_fd: int | None = None) -> None:
+          parent_fd: int | None = None, prefill: bool = True) -> None:
     """Serve ``model`` at http://host:port/v1 in this process until SIGINT/SIGTERM. Call from the main thread.
+
+    ``prefill=False`` turns off llama.cpp's continuation of a final assistant message (as hosted APIs
+    behave: the message is taken as a finished turn).
 
     With ``parent_fd`` (the read end of a pipe whose write end the parent holds), also stop when that
     pipe reads EOF, i.e. when the parent exits, however it dies.
@@ -54,6 +57,7 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
     p.model_alias = [alias]  # must be a list: a plain str is split into characters
     # llama.cpp keeps old prompts' KV in host RAM (8 GiB by default); a reranker revisits few of them
     p.cache_ram_mib = cache_ram_mib
+    p.prefill_assistant = prefill
     with stop_signal(parent_fd) as stop:
         try:
             server = xlc.Server(p)  # returns once listening; HTTP and inference run on native threads
