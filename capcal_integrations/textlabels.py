@@ -40,55 +40,66 @@ __all__ = ["score_texts", "nodes_to_read", "text_label_logprobs", "generated_lab
 Reads = Mapping[str, Alternatives]  # node text -> the alternatives read there
 
 
-def score_texts(labels: Sequence[str], reads: Reads, start: str = "", *, strip: bool = False) -> LabelScores:
+def score_texts(labels: Sequence[str], reads: Reads, start: str = "", *, form: str = "joint",
+                strip: bool = False) -> LabelScores:
     """Each label's log-probability from ``start`` (its text must begin with ``start``), summed over the
-    read paths that spell it. ``strip`` drops leading whitespace of the alternatives read at ``start``
-    (a generated answer may begin ``" [4]"``). A label with no fully read path is estimated (see
-    :func:`_value`: an upper bound, or the floor of a read) and counted in ``upper_bounds``.
+    read paths that spell it: ``joint`` (each path's log-probabilities added), or ``trie`` (each read
+    renormalised over its alternatives that lead to an allowed label, as :mod:`.labels` does). ``strip``
+    drops leading whitespace of the alternatives read at ``start`` (a generated answer may begin
+    ``" [4]"``). A label with no fully read path is estimated (see :func:`_value`: an upper bound, or
+    the floor of a read) and counted in ``upper_bounds``.
 
     >>> reads = {"": (("[", math.log(.9)), ("x", math.log(.1))),
     ...          "[": (("1", math.log(.5)), ("2", math.log(.3)), ("3", math.log(.1)))}
     >>> s = score_texts(["[1]", "[2]", "[3]", "[10]", "[4]"], reads)
     >>> [round(math.exp(v), 3) for v in s.logprobs], s.upper_bounds  # [1] and [10] share the unread "[1"
     ([0.45, 0.27, 0.09, 0.09, 0.09], 3)
+    >>> [round(math.exp(v), 3) for v in score_texts(["[1]", "[2]", "[3]"], reads, form="trie").logprobs]
+    [0.556, 0.333, 0.111]
     """
     out, bounds = [], 0
     for label in labels:
-        exact, estimate = _value(label, start, reads, labels, strip)
+        exact, estimate = _value(label, start, reads, labels, form, strip)
         out.append(exact if exact is not None else estimate if estimate is not None else -math.inf)
         bounds += exact is None
     return LabelScores(tuple(out), bounds)
 
 
-def _value(label: str, node: str, reads: Reads, labels: Sequence[str], strip: bool
+def _value(label: str, node: str, reads: Reads, labels: Sequence[str], form: str, strip: bool
            ) -> tuple[float | None, float | None]:
     """(log-probability over fully read paths or None, estimate or None) of ``label``'s rest from ``node``.
 
-    A node not read counts whole for the one label that passes through it. When several do (``[1`` of
-    ``[1]`` and ``[10]``), the shortest of them (``[1]``, the node closed) is estimated by the node's
-    probability, an upper bound; the others by the floor of the read above (None here)."""
+    A node not read counts whole for the one label that passes through it (its closing ``]`` is not
+    read: the trie form's factor 1). When several do (``[1`` of ``[1]`` and ``[10]``), the shortest of
+    them (``[1]``, the node closed) is estimated by the node's probability, an upper bound; the others
+    by the floor of the read above (None here)."""
     read = reads.get(node)
+    sharing = [other for other in labels if other.startswith(node)]
     if read is None:
-        sharing = [other for other in labels if other.startswith(node)]
         if len(sharing) == 1:
             return 0.0, 0.0
         return None, (0.0 if len(label) == min(map(len, sharing)) else None)
+    texts = [(node + (piece.lstrip() if strip and node == "" else piece), logprob) for piece, logprob in read]
+    texts = [(t, v) for t, v in texts if len(t) > len(node)]
+    floor = min((v for _, v in read), default=-math.inf)
+    norm = 0.0
+    if form == "trie":  # renormalise over what leads to an allowed label; one floor per label nothing leads to
+        leads = [(t, v) for t, v in texts if any(o.startswith(t) or t.startswith(o) for o in sharing)]
+        unreached = sum(not any(o.startswith(t) or t.startswith(o) for t, _ in leads) for o in sharing)
+        norm = _logsumexp([v for _, v in leads] + [floor] * unreached)
     exact, estimate = [], []
-    for piece, logprob in read:
-        text = node + (piece.lstrip() if strip and node == "" else piece)
-        if len(text) <= len(node):
-            continue
+    for text, logprob in texts:
         if text.startswith(label):  # spelled whole (whatever follows belongs to the next step)
-            exact.append(logprob)
+            exact.append(logprob - norm)
         elif label.startswith(text):
-            rest, rest_estimate = _value(label, text, reads, labels, False)
+            rest, rest_estimate = _value(label, text, reads, labels, form, False)
             if rest is not None:
-                exact.append(logprob + rest)
+                exact.append(logprob - norm + rest)
             elif rest_estimate is not None:
-                estimate.append(logprob + rest_estimate)
+                estimate.append(logprob - norm + rest_estimate)
     if exact:
         return _logsumexp(exact), None
-    return None, max(estimate) if estimate else min((v for _, v in read), default=-math.inf)
+    return None, max(estimate) if estimate else floor - norm
 
 
 def nodes_to_read(labels: Sequence[str], reads: Reads, form: str = "joint") -> list[str]:
@@ -118,7 +129,7 @@ def text_label_logprobs(state: EndpointState, prompts: Sequence[str], labels: Se
         for (c, node), answer in zip(frontier, answers):
             reads[c][node] = answer
         frontier = [(c, node) for c in range(len(prompts)) for node in nodes_to_read(labels, reads[c], form)]
-    return [score_texts(labels, r, start) for r in reads]
+    return [score_texts(labels, r, start, form=form) for r in reads]
 
 
 def path_reads(generated: Generated, labels: Sequence[str]) -> tuple[dict[str, Alternatives], str]:
@@ -151,7 +162,9 @@ def path_reads(generated: Generated, labels: Sequence[str]) -> tuple[dict[str, A
 def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messages], labels: Sequence[str], *,
                              top: int = 20) -> Flow[tuple[list[LabelScores], list[str]]]:
     """Every label's log-probability as the first identifier of the model's answer to each
-    conversation, read along its own greedy answer (one chat completion each), and the answers."""
+    conversation, read along its own greedy answer (one chat completion each), and the answers.
+    Always the ``trie`` form: the joint form needs every identifier's closing ``]``, which an answer
+    reads only for its own."""
     answers = yield from generate(state, conversations, max_tokens=_ANSWER_TOKENS, top=top)
     out, texts = [], []
     for answer in answers:
@@ -159,7 +172,7 @@ def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messa
         if not reads:
             raise ResponseError(f"the model's answer names no identifier in its first {_ANSWER_TOKENS} tokens, so "
                                 f"there is no first-identifier distribution to read: {text!r}", body=text)
-        out.append(score_texts(labels, reads, strip=True))
+        out.append(score_texts(labels, reads, form="trie", strip=True))
         texts.append(text)
     return out, texts
 

@@ -4,6 +4,10 @@
 ``CAPCAL_TEST_MODEL`` picks the model the embedded server loads ("0.5b", "1.5b" or "smollm2");
 ``CAPCAL_TEST_MODEL_ALIAS`` is the model name to send when using an external server (default "local").
 
+The hosted-API tests use ``hosted_server``: a second embedded llama.cpp server with assistant prefill
+off (``CAPCAL_TEST_HOSTED_SERVER_URL`` to use a running one), seen through
+:class:`~capcal_integrations.server.HostedGateway` as a hosted chat-only or completions-only API.
+
 The vLLM tests (marker ``vllm``) use ``CAPCAL_TEST_VLLM_URL``, else start the same model with vLLM
 through the library's own launcher (the vLLM of ``$CAPCAL_VLLM_PYTHON``, see
 capcal_integrations/server/vllm.py). Without a usable vLLM they are skipped, unless
@@ -26,7 +30,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses the real server is an e2e test, marked or not: ``-m "not e2e"`` never starts one."""
     for item in items:
         names = getattr(item, "fixturenames", ())
-        if "server_url" in names or "vllm_url" in names:
+        if "server_url" in names or "vllm_url" in names or "hosted_server" in names:
             item.add_marker(pytest.mark.e2e)
         if "vllm_url" in names:
             item.add_marker(pytest.mark.vllm)
@@ -51,6 +55,19 @@ def _serving(server) -> Iterator[str]:
         yield server.base_url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def hosted_server() -> Iterator[str]:
+    """Base URL of a real llama.cpp server that does not continue a final assistant message (as hosted
+    APIs do not); the tests put a :class:`HostedGateway` in front of it."""
+    external = os.environ.get("CAPCAL_TEST_HOSTED_SERVER_URL")
+    if external:
+        yield external.rstrip("/")
+        return
+    from capcal_integrations.server import EmbeddedServer
+
+    yield from _serving(EmbeddedServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"), prefill=False, n_parallel=4))
 
 
 @pytest.fixture(scope="session")
