@@ -1,0 +1,140 @@
+"""Reading identifiers from token strings (hosted APIs), with hand-worked numbers, and the routes.
+
+The live counterpart is tests/test_hosted.py (a real model behind HostedGateway)."""
+
+import math
+
+import httpx2
+import pytest
+
+from capcal_integrations import CapabilityError, CapCalReranker, ResponseError
+from capcal_integrations.probe import route
+from capcal_integrations.server import HostedGateway
+from capcal_integrations.textlabels import nodes_to_read, parse_ranking, path_reads, score_texts
+from capcal_integrations.types import Capabilities
+from tests.fake_endpoint import clients, make_handler
+
+L = math.log
+
+
+def probs(scores):
+    return [round(math.exp(v), 4) for v in scores.logprobs]
+
+
+def test_a_tokenizer_that_merges_numbers_reads_every_identifier_in_one_position():
+    labels = ["[1]", "[2]", "[12]"]
+    # tiktoken-like: "[" then "12" and "2" as whole tokens; "1" is shared by [1] and [12] and not read
+    reads = {"": (("[", L(.9)),), "[": (("12", L(.5)), ("2", L(.3)), ("1", L(.15)))}
+    scores = score_texts(labels, reads)
+    assert probs(scores) == [0.135, 0.27, 0.45]  # [1]: estimated by "1" (an upper bound); [12] read whole
+    assert scores.upper_bounds == 1
+
+
+def test_merged_closing_tokens_spell_the_identifier_whole():
+    reads = {"": (("[12]>", L(.4)), ("[3", L(.3)), ("[1", L(.2))), "[1": (("]", L(.5)), ("0", L(.4)))}
+    assert probs(score_texts(["[1]", "[3]", "[10]", "[12]"], reads)) == [0.1, 0.3, 0.08, 0.4]
+
+
+def test_a_label_missing_from_the_top_k_takes_the_floor_and_counts():
+    reads = {"[": (("1", L(.6)), ("2", L(.3)))}
+    scores = score_texts(["[1]", "[2]", "[3]"], reads, "[")
+    assert probs(scores) == [0.6, 0.3, 0.3] and scores.upper_bounds == 1
+
+
+def test_the_trie_form_renormalises_where_the_identifiers_branch():
+    reads = {"": (("[", L(.5)), ("[]", L(.5))), "[": (("1", L(.3)), ("2", L(.1)), ("x", L(.2))),
+             "[1": (("]", L(.6)), ("0", L(.2)), ("!", L(.2)))}
+    joint = score_texts(["[1]", "[2]", "[10]"], reads, form="joint")
+    trie = score_texts(["[1]", "[2]", "[10]"], reads, form="trie")
+    assert probs(joint) == [0.09, 0.05, 0.03]
+    assert probs(trie) == [0.5625, 0.25, 0.1875]  # .75 * .75, .25, .75 * .25
+
+
+def test_nodes_to_read_walk_breadth_first():
+    reads = {"[": (("1", L(.5)), ("2", L(.3)), ("3", L(.2)))}
+    assert nodes_to_read(["[1]", "[2]", "[10]"], reads) == ["[1", "[2"]
+    assert nodes_to_read(["[1]", "[2]", "[10]"], reads, "trie") == ["[1"]
+
+
+def test_the_answer_is_read_from_its_first_identifier():
+    answer = (("Sure", (("Sure", -0.1),)), ("!", ()), (" [", ((" [", L(.9)),)), ("3", (("3", L(.7)), ("1", L(.2)))),
+              ("]", (("]", -0.01),)))
+    reads, text = path_reads(answer, ["[1]", "[3]"])
+    assert text == "Sure! [3]" and sorted(reads) == ["", "[", "[3"]
+    assert probs(score_texts(["[1]", "[3]"], reads, strip=True)) == [0.18, 0.6237]  # .9 * .2; .9 * .7 * e^-0.01
+
+
+def test_a_generated_ranking_is_repaired_into_a_permutation():
+    assert parse_ranking("[3] > [1] > [3] > [7]", ["[1]", "[2]", "[3]"]) == ([2, 0, 1], 1)
+    assert parse_ranking("I cannot rank these.", ["[A]", "[B]"]) == ([0, 1], 2)
+
+
+def _caps(**kw):
+    return Capabilities(model="m", logprobs=kw.pop("logprobs", True), max_top_logprobs=20,
+                        transport=kw.pop("transport", ""), **kw)
+
+
+def test_routes():
+    assert route(_caps(transport="completions"), "chatml") == "prefix"
+    assert route(_caps(transport="chat")) == "prefix"
+    assert route(_caps(text_completions=5), "raw") == "text"
+    assert route(_caps(text_completions=5), "chat") == "generation"  # no client-side format: read answers
+    assert route(_caps()) == "generation"
+    with pytest.raises(CapabilityError, match="prompt lists"):
+        route(_caps(transport="chat"), "raw")
+    with pytest.raises(CapabilityError) as info:
+        route(_caps(logprobs=False))
+    assert info.value.missing == "logprobs"
+
+
+def _chat_only(script):
+    """A hosted chat-only fake: no tokenizer, no templates, no completions; every chat completion
+    answers ``script`` (positions of (token, [(alternative, probability)]))."""
+    content = [{"token": t, "logprob": math.log(dict(alts).get(t, 1.0)),
+                "top_logprobs": [{"token": a, "logprob": math.log(p)} for a, p in alts]} for t, alts in script]
+
+    def fault(request):
+        if request.url.path in ("/tokenize", "/apply-template", "/props", "/v1/completions"):
+            return httpx2.Response(404, json={"error": "not found"})
+        if request.url.path == "/v1/models":
+            return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": "openai"}]})
+        if request.url.path == "/v1/chat/completions":
+            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": {"content": content}}]})
+        return None
+
+    sync, async_ = clients(make_handler(fault=fault))
+    return CapCalReranker(client=sync, async_client=async_, guard=None)
+
+
+def test_first_token_on_a_chat_only_endpoint_reads_the_answer():
+    rr = _chat_only([("[", [("[", .95), ("I", .05)]), ("2", [("2", .6), ("1", .3), ("3", .1)]), ("]", [("]", .99)])])
+    ranking = rr.with_options(method="first-token").rerank("q", ["a", "b", "c"])
+    assert ranking.order == (1, 0, 2) and [round(x, 3) for x in ranking.steps[0].p] == [0.3, 0.6, 0.1]
+    assert ranking.method == "first-token" and ranking.upper_bounds == 0 and ranking.usage.requests >= 1
+    auto = rr.rerank("q", ["a", "b", "c"])
+    assert auto.method == "first-token-capcal" and sorted(auto.order) == [0, 1, 2]
+    generated = rr.with_options(method="vanilla").rerank("q", ["a", "b", "c"])  # the answer names [2] only
+    assert generated.order == (1, 0, 2) and "left out 2 of 3" in generated.notes[0]
+
+
+def test_an_answer_without_an_identifier_is_a_typed_error():
+    rr = _chat_only([("I", [("I", .9)]), (" cannot", [(" cannot", .9)])])
+    with pytest.raises(ResponseError, match="names no identifier"):
+        rr.with_options(method="first-token").rerank("q", ["a", "b"])
+
+
+def test_the_gateway_refuses_what_hosted_apis_refuse():
+    gateway = HostedGateway("http://127.0.0.1:9/v1", "completions")  # never started: nothing is forwarded
+    try:
+        assert gateway.answer("POST", "/tokenize", {"content": "x"})[0] == 404
+        assert gateway.answer("POST", "/apply-template", {"messages": []})[0] == 404
+        status, body = gateway.answer("POST", "/v1/chat/completions", {"model": "m", "messages": [], "top_logprobs": 21})
+        assert status == 400 and "<= 20" in body["error"]["message"]
+        status, body = gateway.answer("POST", "/v1/chat/completions", {"model": "m", "continue_final_message": True})
+        assert status == 400 and "continue_final_message" in body["error"]["message"]
+        assert gateway.answer("POST", "/v1/completions", {"model": "m", "prompt": [[1, 2, 3]]})[0] == 400
+        gateway.kind = "chat"  # a chat-only API has no /v1/completions
+        assert gateway.answer("POST", "/v1/completions", {"model": "m", "prompt": "x"})[0] == 404
+        assert not gateway.requests  # none of these reached the server
+    finally:
+        gateway.stop()
