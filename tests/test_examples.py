@@ -4,6 +4,7 @@ They rerank 5 BM25 candidates to 3 here (their defaults, 20 to 5, take minutes o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -44,3 +45,33 @@ def test_example_prints_order_before_and_after(name, server_url, test_model):
     assert [before[n - 1] for n in was] == after, out  # "(was N)" points at the passage's BM25 rank
     answer = re.search(r"^answer: (.+)$", out, re.MULTILINE)
     assert answer and answer.group(1).strip(), out
+
+
+TURN = re.compile(r"^turn (\d+): .*\n  search: (.+)\n  context \(BM25 top (\d+) reranked by CapCal: ([\w-]+), (\d+) requests",
+                  re.MULTILINE)
+CONTEXT = re.compile(r"^    (\d)\.\s+(\S+)\s+score \S+\s+\(BM25 rank\s+(\d+)\)", re.MULTILINE)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("where", ["local", "hosted"])
+def test_chat_app_prints_each_turns_context(where, server_url, hosted_server, test_model):
+    """The RAG chat over two turns, on the local server (capcal) and on the same model shown as a hosted
+    chat-only API (no prefill, top_logprobs <= 20: method auto runs first-token-capcal)."""
+    from capcal_integrations.server import HostedGateway
+
+    with contextlib.ExitStack() as stack:
+        base_url = server_url if where == "local" else stack.enter_context(HostedGateway(hosted_server)).base_url
+        env = {**os.environ, "CAPCAL_BASE_URL": base_url, "CAPCAL_MODEL": test_model,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, str(EXAMPLES / "chat_app.py"), "--candidates", "5", "--max-tokens", "16"]
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    turns = TURN.findall(out)
+    assert [t[0] for t in turns] == ["1", "2"] and turns[0][1] == "'what is wifi vs bluetooth'", out
+    assert {t[3] for t in turns} == {"capcal" if where == "local" else "first-token-capcal"}, out
+    for block in out.split("\nturn ")[1:]:
+        context = CONTEXT.findall(block)
+        assert [c[0] for c in context] == ["1", "2", "3"], out
+        assert len({c[2] for c in context}) == 3 and all(1 <= int(c[2]) <= 5 for c in context), out
+        assert re.search(r"^  answer: \S", block, re.MULTILINE), out

@@ -1,0 +1,122 @@
+"""A small RAG chat with LangChain: each turn, a history-aware retriever rewrites the question, BM25
+retrieves candidates, CapCal reranks them, and the chat model answers from the top passages.
+
+    python examples/chat_app.py                      # two scripted turns
+    python examples/chat_app.py --interactive        # your own turns (an empty line ends)
+    python examples/chat_app.py --hosted             # the local model shown as a hosted chat-only API
+
+The endpoint is $CAPCAL_BASE_URL (any OpenAI-compatible API with log-probabilities: a vLLM or
+llama.cpp server, or a hosted one with $OPENAI_API_KEY) and $CAPCAL_MODEL; without it this starts
+the embedded llama.cpp server. ``--hosted`` starts it with assistant prefill off, behind a gateway
+that exposes only what hosted chat APIs do (capcal_integrations.server.HostedGateway).
+
+Per turn it prints the standalone question, which passages went into the context and in what order,
+and the method CapCal ran: ``auto`` picks ``capcal`` where the endpoint continues an assistant
+prefix and ``first-token-capcal`` where it cannot.
+
+Needs: pip install "capcal-integrations[langchain,embedded]" langchain-classic langchain-openai bm25s
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+
+from langchain_classic.chains import create_history_aware_retriever, create_retrieval_chain
+from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+from langchain_classic.retrievers.contextual_compression import ContextualCompressionRetriever
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_openai import ChatOpenAI
+from langchain_retriever import DATA, BM25Retriever, served_model, snippet  # the example beside this one
+
+from capcal_integrations.server import EmbeddedServer, HostedGateway
+from langchain_ext import CapCalRerank
+
+TURNS = ["what is wifi vs bluetooth", "which of the two uses less power?"]
+CONDENSE = ChatPromptTemplate.from_messages([
+    MessagesPlaceholder("chat_history"),
+    ("human", "{input}"),
+    ("human", "Rewrite the last question as one standalone search query. Answer with the query only."),
+])
+ANSWER = ChatPromptTemplate.from_messages([
+    ("system", "Answer in one or two sentences, using only this context:\n\n{context}"),
+    MessagesPlaceholder("chat_history"),
+    ("human", "{input}"),
+])
+
+
+class Searches(BaseCallbackHandler):
+    """Records the queries the retrievers were called with (the rewritten, standalone question)."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def on_retriever_start(self, serialized: object, query: str, **kwargs: object) -> None:
+        self.queries.append(query)
+
+
+def chat(base_url: str, turns: list[str] | None, candidates: int, top_n: int, max_tokens: int) -> None:
+    documents = [Document(page_content=row["text"], id=row["docid"])
+                 for row in map(json.loads, DATA.open(encoding="utf-8"))]
+    reranker = CapCalRerank(base_url=base_url, top_n=top_n)  # method="auto"
+    retriever = ContextualCompressionRetriever(base_compressor=reranker,
+                                               base_retriever=BM25Retriever(documents=documents, k=candidates))
+    llm = ChatOpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
+                     model=served_model(base_url), max_tokens=max_tokens, temperature=0)
+    chain = create_retrieval_chain(create_history_aware_retriever(llm, retriever, CONDENSE),
+                                   create_stuff_documents_chain(llm, ANSWER))
+    history: list = []
+    for turn, question in enumerate(_questions(turns), 1):
+        started, searches = time.perf_counter(), Searches()
+        result = chain.invoke({"input": question, "chat_history": history}, config={"callbacks": [searches]})
+        ranking = reranker.last_ranking
+        print(f"\nturn {turn}: {question}\n  search: {searches.queries[0].strip()!r}\n"
+              f"  context (BM25 top {candidates} reranked by CapCal: {ranking.method}, "
+              f"{ranking.usage.requests} requests, {time.perf_counter() - started:.0f} s):")
+        for rank, doc in enumerate(result["context"], 1):
+            details = doc.metadata["capcal"]
+            print(f"    {rank}. {doc.id:>8}  score {doc.metadata['relevance_score']:.3f}  "
+                  f"(BM25 rank {details['input_rank']:2d})  {snippet(doc.page_content)}")
+        for note in ranking.notes:
+            print(f"  note: {note}")
+        print(f"  answer: {result['answer'].strip()}")
+        history += [HumanMessage(question), AIMessage(result["answer"])]
+
+
+def _questions(turns: list[str] | None):
+    if turns is not None:
+        yield from turns
+        return
+    while question := input("\nyou> ").strip():
+        yield question
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", nargs="+", default=TURNS, help="scripted questions (default: two turns)")
+    parser.add_argument("--interactive", action="store_true", help="read the questions from the terminal")
+    parser.add_argument("--hosted", action="store_true",
+                        help="without $CAPCAL_BASE_URL: the embedded model behind a hosted-API gateway")
+    parser.add_argument("--candidates", type=int, default=10, help="passages BM25 retrieves (default 10)")
+    parser.add_argument("--top-n", type=int, default=3, help="passages in the context (default 3)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="answer length (default 64)")
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        base_url = os.environ.get("CAPCAL_BASE_URL")
+        if not base_url:
+            print("starting the embedded llama.cpp server (the first start assembles the model)...", flush=True)
+            base_url = stack.enter_context(EmbeddedServer(prefill=not args.hosted)).base_url
+            if args.hosted:
+                base_url = stack.enter_context(HostedGateway(base_url, "chat")).base_url
+                print(f"hosted-API gateway at {base_url}: chat completions only, top_logprobs <= 20", flush=True)
+        chat(base_url, None if args.interactive else args.turns, args.candidates, args.top_n, args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()
