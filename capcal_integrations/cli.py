@@ -36,7 +36,7 @@ def _reranker(args: argparse.Namespace, base_url: str, model: str | None) -> Cap
 def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[tuple[str, str | None]]:
     from .server import endpoint
 
-    return endpoint(args.base_url, args.model, engine=args.engine)
+    return endpoint(args.base_url, args.model, engine=args.engine, hosted=getattr(args, "hosted", False))
 
 
 def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OPTION_NAMES) -> None:
@@ -174,25 +174,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results = {}
     with _endpoint(args) as (url, model):
         rr = _reranker(args, url, model)
-        for method in tqdm(("vanilla", "capcal"), desc="reranking (cold prompts take ~10 s on 2 cores)", unit="method"):
+        calibrated = rr.method if rr.method not in ("vanilla", "psc") else "auto"
+        for method in tqdm(("vanilla", calibrated), desc="reranking (cold prompts take ~10 s on 2 cores)", unit="method"):
             start = time.perf_counter()
-            results[method] = (rr.with_options(method=method).rerank(query, texts), time.perf_counter() - start)
-    prior = results["capcal"][0].prior or ()
+            ranking = rr.with_options(method=method).rerank(query, texts)
+            results[ranking.method] = (ranking, time.perf_counter() - start)  # auto: the method it ran
+    methods = list(results)
+    prior = results[methods[1]][0].prior or ()
     _out("Empty-prompt prior (what the model gives each slot with no content):")
     _out("  " + "  ".join(f"[{i + 1}] {p:.2f}" for i, p in enumerate(prior)) + "\n")
-    _out(f"{'rank':>4}  {'vanilla':<26}{'capcal':<26}")
+    _out(f"{'rank':>4}  {methods[0]:<26}{methods[1]:<26}")
     for r in range(len(texts)):
         cells = []
-        for method in ("vanilla", "capcal"):
+        for method in methods:
             i = results[method][0].order[r]
             cells.append(f"[{i + 1}] grade {passages[i]['grade']}  {passages[i]['text'][:9]}…")
         _out(f"{r + 1:>4}  {cells[0]:<26}{cells[1]:<26}")
     _out()
     for method, (ranking, seconds) in results.items():
         best = next(r for r, i in enumerate(ranking.order) if passages[i]["grade"] == max(p["grade"] for p in passages))
-        _out(f"{method:>8}: most relevant passage at rank {best + 1}; {ranking.usage.requests} requests, {seconds:.1f} s")
+        _out(f"{method:>18}: most relevant passage at rank {best + 1}; {ranking.usage.requests} requests, "
+             f"{seconds:.1f} s")
         for note in ranking.notes:  # e.g. the no-harm guard kept the BM25 order
-            _out(f"{'':>8}  {note}")
+            _out(f"{'':>18}  {note}")
     return 0
 
 
@@ -227,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(p)
 
     p = sub.add_parser("demo", help="one real query: vanilla vs CapCal, with the empty-prompt prior")
+    p.add_argument("--hosted", action="store_true",
+                   help="show the embedded model as a hosted chat-only API (no assistant prefill, top_logprobs <= 20, "
+                        "no tokenizer routes): method auto then runs first-token-capcal")
     _add_method_options(p)
 
     sub.add_parser("eval", help="evaluate methods on a benchmark (see `capcal eval --help`)", add_help=False)

@@ -22,7 +22,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
+import httpx2
 
 __all__ = ["HostedGateway", "KINDS", "MAX_TOP_LOGPROBS"]
 
@@ -44,7 +44,7 @@ class HostedGateway:
             raise ValueError(f"unknown gateway kind {kind!r}; choose one of {', '.join(KINDS)}")
         self.upstream, self.kind = upstream.rstrip("/"), kind
         self.requests: Counter[str] = Counter()
-        self._http = httpx.Client(timeout=600)
+        self._http = httpx2.Client(timeout=600)
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None

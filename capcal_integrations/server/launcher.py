@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 
 from ..errors import InputError, MissingExtra, ServerError
+from .gateway import HostedGateway
 from .models import MODELS, _spec, cache_dir, model_path
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ ENGINES = ("llamacpp", "vllm")
 @contextlib.contextmanager
 def endpoint(base_url: str | None, model: str | None = None, *, port: int | None = None,
              threads: int | None = None, reuse_default: bool = True,
-             engine: str = "llamacpp") -> Iterator[tuple[str, str | None]]:
+             engine: str = "llamacpp", hosted: bool = False) -> Iterator[tuple[str, str | None]]:
     """``(base_url, model name to send)`` for the duration of the ``with`` block.
 
     1. ``base_url``, else ``$CAPCAL_BASE_URL``: used as is; ``model`` is sent unless it names an
@@ -226,8 +227,20 @@ def endpoint(base_url: str | None, model: str | None = None, *, port: int | None
        false: then only a given ``port`` is reused): reused; name None.
     3. Otherwise the embedded server for ``model`` (default "0.5b") is started here with ``engine``
        (``"llamacpp"`` or ``"vllm"``) and stopped on exit.
+
+    ``hosted``: always start the embedded llama.cpp server, with assistant prefill off, and give the
+    URL of a :class:`~.gateway.HostedGateway` in front of it (the model as a hosted chat-only API).
     """
     base_url = base_url or os.environ.get("CAPCAL_BASE_URL")
+    if hosted:
+        if base_url or engine != "llamacpp":
+            raise InputError("hosted shows the embedded llama.cpp model as a hosted chat API; to use a hosted API, "
+                             "pass its --base-url without it")
+        with EmbeddedServer(model=model or "0.5b", port=port, threads=threads, prefill=False) as server, \
+                HostedGateway(server.base_url, "chat") as gateway:
+            log.info("embedded server at %s shown as a hosted chat-only API at %s", server.base_url, gateway.base_url)
+            yield gateway.base_url, None
+        return
     if base_url:
         yield base_url, (None if model in MODELS else model)
         return
