@@ -122,3 +122,8 @@ def test_bad_option_values_are_argument_errors():
     assert "Traceback" not in done.stderr
     done = capcal("tune", "--alphas", "0,x", "--query", "q", "--passages", "p.txt", timeout=60)
     assert done.returncode == 2 and "comma-separated numbers" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_demo_hosted_starts_its_own_server_so_it_refuses_an_endpoint():
+    done = capcal("demo", "--hosted", "--base-url", "http://127.0.0.1:9/v1")
+    assert_clean_error(done, "pass its --base-url without it")
