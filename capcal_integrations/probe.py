@@ -83,19 +83,20 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
 
     props = (yield from optional(Call("GET", "/props", root=True))) if server == "llama.cpp" else None
     props = props if isinstance(props, Mapping) else {}
+    mine = [m for m in entries if m.get("id") == model] or entries  # vLLM, OpenRouter and Together list the context
     context = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0) or next(
-        (m[k] for m in entries for k in ("max_model_len", "context_length") if isinstance(m.get(k), int)), None)
+        (m[k] for m in mine for k in ("max_model_len", "context_length") if isinstance(m.get(k), int)), None)
 
     chat = yield from _probe_chat(model, 100 if server else 20)
     lists = (yield from _probe_completions(model, tokenize)) if chat.logprobs else Completions()
     if lists.transport == "token-completions":
         server = server or "vllm"
-    text = 0 if lists.transport else (yield from _probe_text_completions(model))
+    text, text_lists = (0, False) if lists.transport else (yield from _probe_text_completions(model))
     caps = Capabilities(
         model=model, logprobs=chat.logprobs,
         max_top_logprobs=1000 if server == "llama.cpp" else max(lists.max_top_logprobs, chat.max_top_logprobs),
         transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
-        tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport),
+        tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport) or text_lists,
         logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
         slots=int(props.get("total_slots") or 0), text_completions=text)
     log.info("probed endpoint: %s", caps)
@@ -124,15 +125,19 @@ def route(caps: Capabilities, prompt: str = "chat") -> str:
                           "or /v1/completions with logprobs); every method needs them", missing="logprobs")
 
 
-def _probe_text_completions(model: str) -> Flow[int]:
-    """The top-k of a ``/v1/completions`` that answers a list of two text prompts with log-probabilities
-    (20, else 5 as OpenAI's legacy completions allow), or 0."""
+def _probe_text_completions(model: str) -> Flow[tuple[int, bool]]:
+    """The top-k of a ``/v1/completions`` that answers text prompts with log-probabilities (20, else 5
+    as OpenAI's legacy completions allow), or 0; and whether it takes a list of prompts per request."""
     for k in (20, 5):
-        answer = yield from optional(Call("POST", "completions", {
-            "model": model, "prompt": ["A B C", "1 2 3"], "max_tokens": 1, "logprobs": k, "temperature": 0}))
-        if answer is not None:
-            return k if _two_choices(answer, by_id=False) else 0
-    return 0
+        body = {"model": model, "max_tokens": 1, "logprobs": k, "temperature": 0}
+        answer = yield from optional(Call("POST", "completions", {**body, "prompt": ["A B C", "1 2 3"]}))
+        if answer is not None and _two_choices(answer, by_id=False):
+            return k, True
+        answer = yield from optional(Call("POST", "completions", {**body, "prompt": "A B C"}))
+        choices = answer.get("choices") if isinstance(answer, Mapping) else None
+        if isinstance(choices, list) and choices and top_entries(choices[0]):
+            return k, False
+    return 0, False
 
 
 @dataclass(frozen=True)

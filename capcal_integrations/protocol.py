@@ -316,18 +316,22 @@ def _alternatives(entries: list[tuple[int | None, str, float]]) -> Alternatives:
 
 
 def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> Flow[list[Alternatives]]:
-    """The top-``top`` next tokens after each text prompt, from one ``/v1/completions`` request with the
-    prompts as a list (``Capabilities.text_completions``: no template, no tokenizer, no ids)."""
+    """The top-``top`` next tokens after each text prompt, from a plain ``/v1/completions``
+    (``Capabilities.text_completions``: no template, no tokenizer, no ids): one request with the prompts
+    as a list where the endpoint takes lists (``prompt_lists``), else one request per prompt."""
     caps = state.caps
     assert caps is not None, "probe the endpoint first"
-    [answer] = yield [Call("POST", "completions", {"model": caps.model, "prompt": list(prompts), "max_tokens": 1,
-                                                   "logprobs": min(top, caps.text_completions), "temperature": 0})]
-    got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)) if isinstance(answer, Mapping) else []
-    if len(got) != len(prompts):
-        raise ResponseError(f"asked for {len(prompts)} completions, got {len(got)}", body=answer)
-    out = [_alternatives(top_entries(c)) for c in got]
+    body = {"model": caps.model, "max_tokens": 1, "logprobs": min(top, caps.text_completions), "temperature": 0}
+    groups = [list(prompts)] if caps.prompt_lists else [[p] for p in prompts]
+    answers = yield [Call("POST", "completions", {**body, "prompt": g if caps.prompt_lists else g[0]}) for g in groups]
+    out: list[Alternatives] = []
+    for group, answer in zip(groups, answers):
+        got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)) if isinstance(answer, Mapping) else []
+        if len(got) != len(group):
+            raise ResponseError(f"asked for {len(group)} completions, got {len(got)}", body=answer)
+        out += [_alternatives(top_entries(c)) for c in got]
     if not all(out):
-        raise ResponseError("a completion carries no top log-probabilities", body=answer)
+        raise ResponseError("a completion carries no top log-probabilities", body=answers)
     return out
 
 

@@ -151,6 +151,7 @@ class Capabilities:
     chat template (hosted APIs). ``text_completions`` is the top-k of a plain ``/v1/completions`` that
     takes lists of text prompts (0: none); there a prompt rendered on the client continues any prefix.
     ``logprobs``: chat completions return ``top_logprobs`` (then generated answers can be read).
+    ``prompt_lists``: ``/v1/completions`` takes a list of prompts per request.
     """
 
     model: str

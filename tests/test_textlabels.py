@@ -138,3 +138,40 @@ def test_the_gateway_refuses_what_hosted_apis_refuse():
         assert not gateway.requests  # none of these reached the server
     finally:
         gateway.stop()
+
+
+def _completions_only(calls, lists: bool):
+    """A hosted completions fake: no tokenizer or templates, chat without prefill, legacy logprobs on
+    /v1/completions, and (``lists=False``) one prompt per request."""
+    import json
+
+    def fault(request):
+        if request.url.path in ("/tokenize", "/apply-template", "/props"):
+            return httpx2.Response(404, json={"error": "not found"})
+        if request.url.path == "/v1/models":
+            return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": "together"}]})
+        if request.url.path == "/v1/chat/completions":  # no prefill: the answer never continues the alphabet
+            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": {"content": [
+                {"token": "[", "logprob": -0.1, "top_logprobs": [{"token": "[", "logprob": -0.1}]}]}}]})
+        if request.url.path == "/v1/completions":
+            calls.append(json.loads(request.content)["prompt"])
+            if not lists and isinstance(calls[-1], list):
+                return httpx2.Response(400, json={"error": {"message": "prompt must be a string"}})
+        return None
+
+    sync, async_ = clients(make_handler(fault=fault, legacy=True))
+    return CapCalReranker(client=sync, async_client=async_, guard=None, prompt="chatml")
+
+
+@pytest.mark.parametrize("method", ["capcal", "vanilla", "first-token-capcal"])
+def test_a_completions_endpoint_with_or_without_prompt_lists_ranks_the_same(method):
+    with_lists, one_each = [], []
+    a = _completions_only(with_lists, True).with_options(method=method)
+    b = _completions_only(one_each, False).with_options(method=method)
+    assert a.capabilities().prompt_lists and not b.capabilities().prompt_lists
+    assert a.capabilities().text_completions == b.capabilities().text_completions == 20
+    ra, rb = a.rerank("q", ["a", "b", "c", "d"]), b.rerank("q", ["a", "b", "c", "d"])
+    assert ra.method == rb.method == method and ra.order == rb.order and sorted(ra.order) == [0, 1, 2, 3]
+    assert [s.p for s in ra.steps] == [s.p for s in rb.steps]
+    assert all(isinstance(p, str) for p in one_each[2:])  # after the probe: one text prompt per request
+    assert any(isinstance(p, list) and len(p) > 1 for p in with_lists[1:])
