@@ -116,9 +116,9 @@ def route(caps: Capabilities, prompt: str = "chat") -> str:
         return "prefix"
     if caps.text_completions and prompt != "chat":
         return "text"
-    if caps.transport == "chat":
+    if prompt != "chat":
         raise CapabilityError(f"prompt={prompt!r} is sent as text through /v1/completions, which this endpoint does "
-                              "not offer with prompt lists; use prompt='chat'", missing="completions prompt lists")
+                              "not offer with log-probabilities; use prompt='chat'", missing="text completions")
     if caps.logprobs:
         return "generation"
     raise CapabilityError("the endpoint returns no log-probabilities (chat completions with logprobs/top_logprobs, "
