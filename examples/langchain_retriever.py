@@ -76,7 +76,7 @@ def run(base_url: str, query: str, candidates: int, top_n: int, max_tokens: int,
     documents = [Document(page_content=row["text"], id=row["docid"])
                  for row in map(json.loads, DATA.open(encoding="utf-8"))]
     bm25 = BM25Retriever(documents=documents, k=candidates)
-    compressor = CapCalRerank(base_url=base_url, top_n=top_n, probability=probability)  # method="capcal" by default
+    compressor = CapCalRerank(base_url=base_url, top_n=top_n, probability=probability)  # method="auto": capcal here
     retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=bm25)
     llm = ChatOpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
                      model=served_model(base_url), max_tokens=max_tokens, temperature=0)

@@ -70,7 +70,7 @@ def served_model(base_url: str) -> str:
 def run(base_url: str, query: str, candidates: int, top_n: int, max_tokens: int, probability: str) -> None:
     nodes = [TextNode(text=row["text"], id_=row["docid"]) for row in map(json.loads, DATA.open(encoding="utf-8"))]
     retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates)
-    rerank = CapCalRerank(base_url=base_url, top_n=top_n, probability=probability)  # method="capcal" by default
+    rerank = CapCalRerank(base_url=base_url, top_n=top_n, probability=probability)  # method="auto": capcal here
     llm = LocalChat(base_url=base_url, model=served_model(base_url), max_tokens=max_tokens)
     engine = RetrieverQueryEngine.from_args(retriever, llm=llm, node_postprocessors=[rerank])
 
