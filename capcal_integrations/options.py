@@ -18,11 +18,11 @@ from .calibration import FORMS
 from .errors import InputError
 from .prompts import (
     DEFAULT_PLACEHOLDER,
-    PROMPT_FORMATS,
     RANK_ZEPHYR,
     RELEASE_PLACEHOLDER,
     TEMPLATES,
     PromptTemplate,
+    check_prompt,
     labels,
     resolve_template,
 )
@@ -130,9 +130,9 @@ class Options:
                                        "'no_example' (no example ranking to copy) or a PromptTemplate.",
                                        choices=tuple(TEMPLATES), accepts=str | PromptTemplate)
     prompt: str = _option("chat", "'chat' (the server applies the model's chat template), 'raw' (plain text with "
-                          "<|system|>/<|user|>/<|assistant|> tags, as the release sends it) or a chat format rendered "
-                          "here for completions endpoints without one: 'chatml', 'llama3', 'gemma' (all but 'chat' "
-                          "need /v1/completions).", choices=("chat", *PROMPT_FORMATS))
+                          "<|system|>/<|user|>/<|assistant|> tags, as the release sends it), or a chat format rendered "
+                          "here for completions endpoints without one: 'chatml', 'llama3', 'gemma', or the path of the "
+                          "model's tokenizer_config.json (all but 'chat' need /v1/completions).")
     decoding: str = _option("exact", "'exact' (identifiers as the model spells them, ' [3] > [5] > [') or 'release' "
                             "(the release's '[3]>[5]>[', a second '[' fed before each digit is scored, no "
                             "closing ']' for identifiers from 10).", choices=("exact", "release"))
@@ -167,6 +167,7 @@ class Options:
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
         labels(min(self.window, 26), self.labels)
+        check_prompt(self.prompt)
         if not self.normalise and self.probability != "joint":
             raise InputError("normalise=False needs probability='joint' (the trie form is normalised at every token)")
         if self.decoding == "release" and (self.labels != "numeric" or self.window > 99):

@@ -63,7 +63,7 @@ class Query:
     messages: Messages
     prefix: tuple[Token, ...]
     want: tuple[Token, ...]
-    render: str = "chat"  # "chat": the server's chat template; else a prompts.PROMPT_FORMATS name, rendered here
+    render: str = "chat"  # "chat": the server's chat template; else rendered here (prompts.prompt_text)
 
     @property
     def text(self) -> str:

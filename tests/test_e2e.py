@@ -21,7 +21,7 @@ from capcal_integrations import (
     EndpointUnreachable,
     InputError,
 )
-from capcal_integrations.prompts import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
+from capcal_integrations.prompts import CAPCAL, RANK_ZEPHYR, clean_passage, labels, prompt_text, raw_text, render
 from capcal_integrations.protocol import chat_messages
 from tests._compare import assert_same_order_up_to_ties, assert_same_ranking
 from tests._samples import PASSAGES, QUERY
@@ -272,3 +272,20 @@ def test_a_server_that_never_answers_times_out():
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+def test_client_side_chat_formats_render_what_the_server_renders(rr, server_url, tmp_path):
+    """Qwen's template from the server's /props, saved as a tokenizer_config.json and rendered by the
+    library, and the built-in ChatML format: both give the server's own /apply-template text, and ranking
+    through them (text prompts through /v1/completions) reads the same first step."""
+    root = server_url[: -len("/v1")]
+    client = openai.OpenAI(base_url=root, api_key="x")
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": client.get("/props", cast_to=object)["chat_template"]}))
+    messages = render(RANK_ZEPHYR, QUERY, [clean_passage(p, 300) for p in PASSAGES], labels(len(PASSAGES)))
+    served = client.post("/apply-template", cast_to=object, body={"messages": chat_messages(messages)})["prompt"]
+    assert prompt_text(messages, str(config)) == prompt_text(messages, "chatml") == served
+    reference = rr.with_options(method="first-token", guard=None).rerank(QUERY, PASSAGES)
+    for style in (str(config), "chatml"):
+        ranking = rr.with_options(method="first-token", guard=None, prompt=style).rerank(QUERY, PASSAGES)
+        assert max(abs(a - b) for a, b in zip(ranking.scores, reference.scores)) < 0.02

@@ -176,3 +176,17 @@ def test_a_completions_endpoint_with_or_without_prompt_lists_ranks_the_same(meth
     assert [s.p for s in ra.steps] == [s.p for s in rb.steps]
     assert all(isinstance(p, str) for p in one_each[2:])  # after the probe: one text prompt per request
     assert any(isinstance(p, list) and len(p) > 1 for p in with_lists[1:])
+
+
+def test_a_models_own_chat_template_is_rendered_here(tmp_path):
+    from capcal_integrations import InputError, Options
+    from capcal_integrations.prompts import prompt_text
+
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text('{"chat_template": [{"name": "default", "template": "{{ bos_token }}{% for m in messages %}'
+                      '<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<bot>'
+                      '{% endif %}"}], "bos_token": "<s>", "eos_token": {"content": "</s>"}}')
+    assert prompt_text((("system", "S"), ("user", "U")), str(config)) == "<system>S</s><user>U</s><bot>"  # no BOS
+    assert Options(prompt=str(config)).prompt == str(config)
+    with pytest.raises(InputError, match="tokenizer_config.json"):
+        Options(prompt="chatml2")
