@@ -278,7 +278,9 @@ def test_query_engine_sync(core, retriever, events):
     assert [n.model_dump() for n in retriever.retrieve(QUERY)] == before  # the retriever's nodes are untouched
     start, end = _rerank_events(events)
     assert [n.node.node_id for n in start.nodes] == [n.node.node_id for n in retrieved]
-    assert (start.top_n, start.model_name, end.nodes) == (3, f"capcal-capcal:{core.model}", out)
+    # the start event names the configured method (auto); the ranking names the one that ran
+    assert (start.top_n, start.model_name, end.nodes) == (3, f"capcal-auto:{core.model}", out)
+    assert rerank.last_ranking.method == "capcal"
     kinds = [(phase, kind) for phase, kind, _ in callbacks.seen if kind == CBEventType.RERANKING]
     assert kinds == [("start", CBEventType.RERANKING), ("end", CBEventType.RERANKING)]
 
