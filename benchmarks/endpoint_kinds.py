@@ -7,7 +7,7 @@ Kinds (the same packaged Qwen2.5-Coder-0.5B throughout):
 
 * ``llamacpp``: llama.cpp's server asked directly (templated prompt lists, any prefix);
 * ``hosted-chat``: the same server behind ``HostedGateway("chat")``: chat completions only,
-  top_logprobs <= 20, no token ids, no tokenizer or template routes (as OpenAI, Groq, ...);
+  top_logprobs <= 20, no token ids, no tokenizer or template routes (as OpenAI's);
 * ``hosted-completions``: behind ``HostedGateway("completions")``: also a plain ``/v1/completions``
   with text prompts and legacy logprobs (as Together, Fireworks, DeepInfra), with ``prompt="chatml"``
   (Qwen's chat format rendered by the library);

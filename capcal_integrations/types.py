@@ -93,10 +93,13 @@ class Ranking:
     score of the passage chosen at rank ``r`` out of ``n`` is ``(n - r - 1 + c) / n``, where ``c`` is
     its calibrated share at the step it was chosen (0..1); for ``first-token`` it is the calibrated
     first-step score itself.
+    ``method``: the method that ran (``auto`` resolved: ``capcal`` or ``first-token-capcal``; a list of
+    at most one passage runs none and keeps the configured name).
     ``prior``: the empty-prompt distribution over identifiers at the first step of the first
     window (``None`` if no empty stream ran). ``steps``: every decoding step (see :class:`Step`).
-    ``upper_bounds``: how many label probabilities were upper bounds because the endpoint's top-k
-    did not contain a needed token (never silently zero). ``notes``: anything else worth knowing.
+    ``upper_bounds``: how many label probabilities were upper bounds or estimates because the endpoint's
+    top-k did not contain a needed token, or (hosted chat APIs) the model's answer did not pass through a
+    token several identifiers share (never silently zero). ``notes``: anything else worth knowing.
     ``agreement``: per window checked by the no-harm guard (``Options.guard``), the z-score of the
     agreement between the calibrated first-step scores of the given and the half-rotated list;
     ``guarded``: the windows kept in their first-stage order because it was below the guard (each

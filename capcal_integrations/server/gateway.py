@@ -1,6 +1,6 @@
 """A loopback gateway that shows a local server to clients as a hosted API would.
 
-Hosted OpenAI-compatible APIs (OpenAI, Groq, Together, Fireworks, ...) expose ``/v1/models`` and
+Hosted OpenAI-compatible APIs (OpenAI, Together, Fireworks, ...) expose ``/v1/models`` and
 ``/v1/chat/completions`` (some also a plain ``/v1/completions``), cap ``top_logprobs`` at 20, name
 tokens by their text only (no ids), refuse parameters they do not know, and have no ``/tokenize``,
 ``/apply-template`` or ``/props``. :class:`HostedGateway` forwards exactly that surface to a real local
