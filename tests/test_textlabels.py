@@ -190,3 +190,20 @@ def test_a_models_own_chat_template_is_rendered_here(tmp_path):
     assert Options(prompt=str(config)).prompt == str(config)
     with pytest.raises(InputError, match="tokenizer_config.json"):
         Options(prompt="chatml2")
+
+
+def test_an_api_that_refuses_logprobs_says_so():
+    """As Groq documents: logprobs and top_logprobs are a 400; no /v1/completions."""
+    def fault(request):
+        if request.url.path in ("/tokenize", "/apply-template", "/props", "/v1/completions"):
+            return httpx2.Response(404, json={"error": "not found"})
+        if request.url.path == "/v1/chat/completions":
+            return httpx2.Response(400, json={"error": {"message": "'logprobs' is not supported"}})
+        return None
+
+    sync, async_ = clients(make_handler(fault=fault))
+    rr = CapCalReranker(client=sync, async_client=async_)
+    for method in ("auto", "first-token", "vanilla"):
+        with pytest.raises(CapabilityError) as info:
+            rr.with_options(method=method).rerank("q", ["a", "b"])
+        assert info.value.missing == "logprobs"
