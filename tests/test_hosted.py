@@ -5,6 +5,7 @@ token ids, no /tokenize, /apply-template or /props) or a completions-only one (a
 reference: its llama.cpp prompt lists continue any prefix exactly.
 """
 
+import asyncio
 import logging
 
 import pytest
@@ -58,6 +59,10 @@ def test_auto_runs_first_token_capcal_on_a_chat_only_api_in_two_requests(chat_ap
     assert sorted(ranking.order) == list(range(9)) and ranking.usage.requests == 2  # the real and the empty prompt
     assert any("auto runs first-token-capcal" in r.getMessage() and "cannot continue" in r.getMessage()
                for r in caplog.records)
+    again = asyncio.run(rr.arerank(QUERY, NINE))  # the async driver runs the same flow
+    assert again.method == ranking.method and again.usage.requests == 2 and sorted(again.order) == list(range(9))
+    # the first call computed the prompts, this one finds them cached: llama.cpp's numbers drift by ~0.005
+    assert max(abs(a - b) for a, b in zip(again.steps[0].p, ranking.steps[0].p)) < 0.02
     guarded = rr.with_options(guard=2.0).rerank(QUERY, NINE)  # the guard reads one more prompt
     assert guarded.usage.requests == 3 and len(guarded.agreement) == 1
     with pytest.raises(CapabilityError, match="first-token-capcal") as info:
