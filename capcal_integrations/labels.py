@@ -115,7 +115,7 @@ def score_labels(labels: Sequence[Path], children: Mapping[Path, Sequence[Token]
             got, floor = answers[node]
             value = got.get(kid, floor)
             if form == "trie":
-                value -= _logsumexp([got.get(k, floor) for k in children[node]])
+                value -= logsumexp([got.get(k, floor) for k in children[node]])
             total += value
         out.append(total)
     return LabelScores(tuple(out), bounds)
@@ -152,6 +152,7 @@ def _ask(state: EndpointState, queries: list[Query], top: int) -> Flow[list[Answ
     return found
 
 
-def _logsumexp(values: Sequence[float]) -> float:
+def logsumexp(values: Sequence[float]) -> float:
+    """``log(sum(exp(v)))``, computed stably (also for :mod:`.textlabels`)."""
     top = max(values)
     return top + math.log(math.fsum(math.exp(v - top) for v in values))

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from .errors import ResponseError
-from .labels import LabelScores
+from .labels import LabelScores, logsumexp
 from .prompts import Messages
 from .protocol import Alternatives, EndpointState, Flow, Generated, generate, text_next_tokens
 
@@ -86,7 +86,7 @@ def _value(label: str, node: str, reads: Reads, labels: Sequence[str], form: str
     if form == "trie":  # renormalise over what leads to an allowed label; one floor per label nothing leads to
         leads = [(t, v) for t, v in texts if any(o.startswith(t) or t.startswith(o) for o in sharing)]
         unreached = sum(not any(o.startswith(t) or t.startswith(o) for t, _ in leads) for o in sharing)
-        norm = _logsumexp([v for _, v in leads] + [floor] * unreached)
+        norm = logsumexp([v for _, v in leads] + [floor] * unreached)
     exact, estimate = [], []
     for text, logprob in texts:
         if text.startswith(label):  # spelled whole (whatever follows belongs to the next step)
@@ -98,7 +98,7 @@ def _value(label: str, node: str, reads: Reads, labels: Sequence[str], form: str
             elif rest_estimate is not None:
                 estimate.append(logprob - norm + rest_estimate)
     if exact:
-        return _logsumexp(exact), None
+        return logsumexp(exact), None
     return None, max(estimate) if estimate else floor - norm
 
 
@@ -194,10 +194,6 @@ def parse_ranking(text: str, labels: Sequence[str]) -> tuple[list[int], int]:
     """
     index = {label: i for i, label in enumerate(labels)}
     order = list(dict.fromkeys(index[f"[{m}]"] for m in _IDENTIFIER.findall(text) if f"[{m}]" in index))
-    missing = [i for i in range(len(labels)) if i not in set(order)]
+    named = set(order)
+    missing = [i for i in range(len(labels)) if i not in named]
     return order + missing, len(missing)
-
-
-def _logsumexp(values: Sequence[float]) -> float:
-    top = max(values)
-    return top + math.log(math.fsum(math.exp(v - top) for v in values))
