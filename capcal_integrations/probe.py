@@ -52,13 +52,15 @@ def capabilities(state: EndpointState) -> Flow[Capabilities]:
 
 @dataclass(frozen=True)
 class ChatSupport:
-    """What chat completions offer: log-probabilities, how many alternatives per position, and
-    whether (and with which extra body fields) a final assistant message is continued."""
+    """What chat completions offer: log-probabilities, how many alternatives per position, whether
+    (and with which extra body fields) a final assistant message is continued, and whether they answer
+    at all (with or without log-probabilities)."""
 
     logprobs: bool = False
     max_top_logprobs: int = 0
     prefill: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    answers: bool = False
 
 
 def probe(model: str | None = None) -> Flow[Capabilities]:
@@ -98,7 +100,7 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
         transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
         tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport) or text_lists,
         logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
-        slots=int(props.get("total_slots") or 0), text_completions=text)
+        slots=int(props.get("total_slots") or 0), text_completions=text, chat=chat.answers)
     log.info("probed endpoint: %s", caps)
     return caps
 
@@ -119,7 +121,7 @@ def route(caps: Capabilities, prompt: str = "chat") -> str:
     if prompt != "chat":
         raise CapabilityError(f"prompt={prompt!r} is sent as text through /v1/completions, which this endpoint does "
                               "not offer with log-probabilities; use prompt='chat'", missing="text completions")
-    if caps.logprobs:
+    if caps.logprobs or caps.chat:  # without log-probabilities only answers can be parsed: vanilla, psc
         return "generation"
     raise CapabilityError("the endpoint returns no log-probabilities (chat completions with logprobs/top_logprobs, "
                           "or /v1/completions with logprobs); every method needs them", missing="logprobs")
@@ -216,8 +218,12 @@ def _probe_chat(model: str, top: int) -> Flow[ChatSupport]:
             continue
         entries = top_entries(answer["choices"][0]) if answer.get("choices") else []
         if not entries:
-            return ChatSupport()
+            return ChatSupport(answers=True)
         if max(entries, key=lambda e: e[2])[1].strip() == "Y":
-            return ChatSupport(True, top, True, extra)
-        answered = ChatSupport(True, top)
+            return ChatSupport(True, top, True, extra, True)
+        answered = ChatSupport(True, top, answers=True)
+    if not answered.answers:  # log-probabilities refused or absent: do plain answers come back?
+        answer = yield from optional(Call("POST", "chat/completions", {
+            "model": model, "max_tokens": 1, "messages": chat_messages((("user", "Say yes."),))}))
+        answered = ChatSupport(answers=isinstance(answer, Mapping) and bool(answer.get("choices")))
     return answered

@@ -338,15 +338,23 @@ def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> 
 def generate(state: EndpointState, conversations: Sequence[Messages], *, max_tokens: int, top: int
              ) -> Flow[list[Generated]]:
     """An ordinary greedy chat completion per conversation, with the ``top`` alternatives of every
-    generated token (hosted APIs cap ``top_logprobs`` at 20)."""
+    generated token (hosted APIs cap ``top_logprobs`` at 20). Where the endpoint returns no
+    log-probabilities, the answer's text is one position without alternatives."""
     caps = state.caps
     assert caps is not None, "probe the endpoint first"
+    scored = {"logprobs": True, "top_logprobs": min(top, caps.max_top_logprobs)} if caps.logprobs else {}
     answers = yield [Call("POST", "chat/completions", {
-        "model": caps.model, "messages": chat_messages(m), "max_tokens": max_tokens, "temperature": 0,
-        "logprobs": True, "top_logprobs": min(top, caps.max_top_logprobs)}) for m in conversations]
+        "model": caps.model, "messages": chat_messages(m), "max_tokens": max_tokens, "temperature": 0, **scored})
+        for m in conversations]
     out = []
     for answer in answers:
         choice = (answer.get("choices") or [None])[0] if isinstance(answer, Mapping) else None
+        if not caps.logprobs:
+            text = ((choice or {}).get("message") or {}).get("content") if isinstance(choice, Mapping) else None
+            if not isinstance(text, str):
+                raise ResponseError("the chat completion carries no answer", body=answer)
+            out.append(((text, ()),))
+            continue
         content = ((choice or {}).get("logprobs") or {}).get("content") if isinstance(choice, Mapping) else None
         if not isinstance(content, list) or not content:
             raise ResponseError("the chat completion carries no per-token log-probabilities", body=answer)

@@ -82,9 +82,16 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
 
 
 def _resolve(state: EndpointState, caps: Capabilities, opts: Options) -> Options:
-    """The options with ``auto`` resolved for this endpoint; ``capcal`` where it cannot run is an error
-    that names the method that can."""
+    """The options with ``auto`` resolved for this endpoint. A method that cannot run there is a
+    :class:`~.errors.CapabilityError` naming those that can: ``capcal`` without a prefix to continue
+    (``first-token-capcal``), any probability-reading method without log-probabilities (``vanilla``,
+    ``psc``: the answers alone)."""
     way = route(caps, opts.prompt)
+    if way == "generation" and not caps.logprobs and opts.method not in ("vanilla", "psc"):
+        raise CapabilityError(
+            f"method={opts.method!r} reads identifier probabilities, and this endpoint's chat completions return no "
+            "log-probabilities (logprobs/top_logprobs); method='vanilla' or 'psc' rank from its answers alone, "
+            "without calibration", missing="logprobs", alternatives=("vanilla", "psc"))
     if opts.method == "auto":
         method = "capcal" if way != "generation" else "first-token-capcal"
         if ("auto", way) not in state.announced:

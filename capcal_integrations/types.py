@@ -154,7 +154,8 @@ class Capabilities:
     chat template (hosted APIs). ``text_completions`` is the top-k of a plain ``/v1/completions`` that
     takes lists of text prompts (0: none); there a prompt rendered on the client continues any prefix.
     ``logprobs``: chat completions return ``top_logprobs`` (then generated answers can be read).
-    ``prompt_lists``: ``/v1/completions`` takes a list of prompts per request.
+    ``prompt_lists``: ``/v1/completions`` takes a list of prompts per request. ``chat``: chat
+    completions answer (with or without log-probabilities).
     """
 
     model: str
@@ -170,3 +171,4 @@ class Capabilities:
     server: str = ""
     slots: int = 0  # llama.cpp server slots (prompts are pinned to one each)
     text_completions: int = 0
+    chat: bool = False

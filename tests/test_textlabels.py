@@ -192,18 +192,37 @@ def test_a_models_own_chat_template_is_rendered_here(tmp_path):
         Options(prompt="chatml2")
 
 
-def test_an_api_that_refuses_logprobs_says_so():
-    """As Groq documents: logprobs and top_logprobs are a 400; no /v1/completions."""
+def _no_logprobs(answers: bool):
+    """As Groq documents: logprobs and top_logprobs are a 400; no /v1/completions. With ``answers``,
+    plain chat completions answer "[2] > [1]"; without, they fail too."""
+    import json
+
     def fault(request):
         if request.url.path in ("/tokenize", "/apply-template", "/props", "/v1/completions"):
             return httpx2.Response(404, json={"error": "not found"})
         if request.url.path == "/v1/chat/completions":
-            return httpx2.Response(400, json={"error": {"message": "'logprobs' is not supported"}})
+            if "logprobs" in json.loads(request.content) or not answers:
+                return httpx2.Response(400, json={"error": {"message": "'logprobs' is not supported"}})
+            return httpx2.Response(200, json={"choices": [{"index": 0, "message": {"role": "assistant",
+                                                                                    "content": "[2] > [1]"}}]})
         return None
 
     sync, async_ = clients(make_handler(fault=fault))
-    rr = CapCalReranker(client=sync, async_client=async_)
-    for method in ("auto", "first-token", "vanilla"):
+    return CapCalReranker(client=sync, async_client=async_)
+
+
+def test_an_api_without_logprobs_ranks_only_from_answers_and_says_so():
+    rr = _no_logprobs(answers=True)
+    caps = rr.capabilities()
+    assert not caps.logprobs and caps.chat and caps.transport == ""
+    for method in ("auto", "first-token", "first-token-capcal", "capcal"):
         with pytest.raises(CapabilityError) as info:
-            rr.with_options(method=method).rerank("q", ["a", "b"])
+            rr.with_options(method=method).rerank("q", ["a", "b", "c"])
+        assert info.value.missing == "logprobs" and info.value.alternatives == ("vanilla", "psc")
+    vanilla = rr.with_options(method="vanilla").rerank("q", ["a", "b", "c"])
+    assert vanilla.order == (1, 0, 2) and "left out 1 of 3" in vanilla.notes[0]
+    assert sorted(rr.with_options(method="psc", m=2).rerank("q", ["a", "b", "c"]).order) == [0, 1, 2]
+    for method in ("auto", "vanilla"):  # no answers at all
+        with pytest.raises(CapabilityError) as info:
+            _no_logprobs(answers=False).with_options(method=method).rerank("q", ["a", "b"])
         assert info.value.missing == "logprobs"
