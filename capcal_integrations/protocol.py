@@ -218,8 +218,8 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
     else:
         raise CapabilityError(
             "the endpoint cannot continue a prefilled assistant message (and has no templated prompt lists), "
-            "so identifier probabilities after a ranking prefix cannot be read; every method here needs that. "
-            "OpenAI's API lacks it; llama.cpp's server and vLLM have it", missing="assistant prefill")
+            "so identifier probabilities after a ranking prefix cannot be read here (probe.route says how this "
+            "endpoint is read instead)", missing="assistant prefill")
     out = []
     for q, choice in zip(queries, choices):
         entries = top_entries(choice)
@@ -265,12 +265,17 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
             state.slots.release(call.body.get("id_slot") if call.body else None)
     choices: list[Any] = [None] * len(queries)
     for members, answer in zip(groups.values(), answers):
-        got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(got) != len(members):
-            raise ResponseError(f"asked for {len(members)} completions, got {len(got)}", body=answer)
-        for i, choice in zip(members, got):
+        for i, choice in zip(members, _choices(answer, len(members))):
             choices[i] = choice
     return choices
+
+
+def _choices(answer: Any, asked: int) -> list[Any]:
+    """The choices of a completions answer to ``asked`` prompts, in prompt order."""
+    got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)) if isinstance(answer, Mapping) else []
+    if len(got) != asked:
+        raise ResponseError(f"asked for {asked} completions, got {len(got)}", body=answer)
+    return got
 
 
 def _prompt(template: Any, prefix: tuple[Token, ...], tokens: bool) -> Any:
@@ -326,10 +331,7 @@ def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> 
     answers = yield [Call("POST", "completions", {**body, "prompt": g if caps.prompt_lists else g[0]}) for g in groups]
     out: list[Alternatives] = []
     for group, answer in zip(groups, answers):
-        got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)) if isinstance(answer, Mapping) else []
-        if len(got) != len(group):
-            raise ResponseError(f"asked for {len(group)} completions, got {len(got)}", body=answer)
-        out += [_alternatives(top_entries(c)) for c in got]
+        out += [_alternatives(top_entries(c)) for c in _choices(answer, len(group))]
     if not all(out):
         raise ResponseError("a completion carries no top log-probabilities", body=answers)
     return out

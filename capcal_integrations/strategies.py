@@ -260,8 +260,7 @@ def _label_scores(state: EndpointState, opts: Options, way: str, streams: Sequen
         texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
         return (yield from text_label_logprobs(state, [prompt_text(m, opts.prompt) + prefix for m in streams], texts,
                                                form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
-    scored, _ = yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs)
-    return scored
+    return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Two ways to get reads:
 * :func:`generated_label_logprobs` (chat completions without prefill): only the nodes along the
   model's own greedy answer are read, one request per context. A node the answer did not pass
   through and that several identifiers share (``[1`` for ``[1]``, ``[10]``..``[19]`` when the
-  tokenizer splits numbers into digits) leaves those identifiers an *upper bound*: its probability.
+  tokenizer splits numbers into digits) leaves those identifiers *estimated* (see :func:`_value`).
 
 A label missing from a read's top-k takes the read's smallest log-probability (an upper bound), as in
 :mod:`.labels`. A node only one allowed label can pass through counts as that label (its closing
@@ -38,6 +38,11 @@ __all__ = ["score_texts", "nodes_to_read", "text_label_logprobs", "generated_lab
            "parse_ranking"]
 
 Reads = Mapping[str, Alternatives]  # node text -> the alternatives read there
+
+
+def _consistent(text: str, label: str) -> bool:
+    """Whether ``text`` is on the way to ``label`` or spells it whole (and perhaps what follows it)."""
+    return label.startswith(text) or text.startswith(label)
 
 
 def score_texts(labels: Sequence[str], reads: Reads, start: str = "", *, form: str = "joint",
@@ -84,8 +89,8 @@ def _value(label: str, node: str, reads: Reads, labels: Sequence[str], form: str
     floor = min((v for _, v in read), default=-math.inf)
     norm = 0.0
     if form == "trie":  # renormalise over what leads to an allowed label; one floor per label nothing leads to
-        leads = [(t, v) for t, v in texts if any(o.startswith(t) or t.startswith(o) for o in sharing)]
-        unreached = sum(not any(o.startswith(t) or t.startswith(o) for t, _ in leads) for o in sharing)
+        leads = [(t, v) for t, v in texts if any(_consistent(t, o) for o in sharing)]
+        unreached = sum(not any(_consistent(t, o) for t, _ in leads) for o in sharing)
         norm = logsumexp([v for _, v in leads] + [floor] * unreached)
     exact, estimate = [], []
     for text, logprob in texts:
@@ -147,7 +152,7 @@ def path_reads(generated: Generated, labels: Sequence[str]) -> tuple[dict[str, A
 
     def begins(token: str) -> bool:
         t = token.lstrip()
-        return bool(t) and any(label.startswith(t) or t.startswith(label) for label in labels)
+        return bool(t) and any(_consistent(t, label) for label in labels)
 
     start = next((i for i, (token, _) in enumerate(generated) if begins(token)), None)
     if start is None:
@@ -160,21 +165,20 @@ def path_reads(generated: Generated, labels: Sequence[str]) -> tuple[dict[str, A
 
 
 def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messages], labels: Sequence[str], *,
-                             top: int = 20) -> Flow[tuple[list[LabelScores], list[str]]]:
+                             top: int = 20) -> Flow[list[LabelScores]]:
     """Every label's log-probability as the first identifier of the model's answer to each
-    conversation, read along its own greedy answer (one chat completion each), and the answers.
+    conversation, read along its own greedy answer (one chat completion each).
     Always the ``trie`` form: the joint form needs every identifier's closing ``]``, which an answer
     reads only for its own."""
     answers = yield from generate(state, conversations, max_tokens=_ANSWER_TOKENS, top=top)
-    out, texts = [], []
+    out = []
     for answer in answers:
         reads, text = path_reads(answer, labels)
         if not reads:
             raise ResponseError(f"the model's answer names no identifier in its first {_ANSWER_TOKENS} tokens, so "
                                 f"there is no first-identifier distribution to read: {text!r}", body=text)
         out.append(score_texts(labels, reads, form="trie", strip=True))
-        texts.append(text)
-    return out, texts
+    return out
 
 
 #: Tokens generated to read the first identifier: room for a short preamble ("Sure! The ranking is:").
