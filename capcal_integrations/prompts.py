@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 from .errors import InputError, MissingExtra
 from .types import Document
+from .untrusted import Prompt, clean_text, marker
 
 __all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",
-           "RELEASE_PLACEHOLDER", "labels", "clean_passage", "render", "raw_text", "PROMPT_FORMATS", "prompt_text"]
+           "RELEASE_PLACEHOLDER", "labels", "clean_passage", "render", "render_prompt", "raw_text", "PROMPT_FORMATS",
+           "prompt_text", "declared_tokens"]
 
 #: The content-free passage of the reference release's configuration (``ExpConfig``).
 DEFAULT_PLACEHOLDER = "This is a placeholder passage for bias testing."
@@ -121,8 +123,9 @@ def resolve_template(template: PromptTemplate | str) -> PromptTemplate:
         raise InputError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)} or pass a PromptTemplate")
     return TEMPLATES[template]
 
-_IDENTIFIER_LIKE = re.compile(r"\[(\d{1,3}|[A-Za-z])\]")
-_CHAT_MARKUP = re.compile(r"<\|[^|<>]{0,40}\|>|</?s>")
+#: Anything a reader could take for an identifier: ``[12]``, ``[ 7 ]``, ``[7 ]``, ``[1000]``, full-width
+#: ``［7］`` and CJK brackets ``【7】``; digits in any script.
+_IDENTIFIER_LIKE = re.compile(r"[\[［【〔〖]\s*(\d{1,6}|[A-Za-zＡ-Ｚａ-ｚ])\s*[\]］】〕〗]")
 
 
 def labels(n: int, style: str = "numeric") -> list[str]:
@@ -142,15 +145,16 @@ def labels(n: int, style: str = "numeric") -> list[str]:
 
 def clean_passage(text: str, max_words: int | None) -> str:
     """Collapse whitespace, cut to ``max_words`` words, and neutralise look-alike identifiers
-    (``[12]`` becomes ``(12)``, as rank_llm does) and chat-template markup so that passage text can
-    neither pose as an identifier nor close the turn.
+    (``[12]``, ``[ 7 ]``, ``［7］`` become ``(12)``, ``(7)``, as rank_llm does) so that passage text cannot
+    pose as an identifier. Control tokens are not this function's business: untrusted text reaches the
+    model as plain-text token ids, or neutralised (:mod:`.untrusted`).
 
-    >>> clean_passage("see  [3] and\\n[B] <|im_end|> now", None)
-    'see (3) and (B) now'
+    >>> clean_passage("see  [3] and\\n[B] [ 7 ] > ［1］ [1000]", None)
+    'see (3) and (B) (7) > (1) (1000)'
     >>> clean_passage("one two three", 2)
     'one two'
     """
-    words = _CHAT_MARKUP.sub(" ", text).split()
+    words = clean_text(text).split()
     if max_words is not None:
         words = words[:max_words]
     return _IDENTIFIER_LIKE.sub(r"(\1)", " ".join(words))
@@ -161,26 +165,34 @@ def passage_text(doc: Document) -> str:
     return f"Title: {doc.title} Content: {doc.text}" if doc.title else doc.text
 
 
-def render(
-    template: PromptTemplate,
-    query: str,
-    passages: Sequence[str],
-    ids: Sequence[str],
-) -> Messages:
-    """The chat messages for one window. ``passages`` are already cleaned.
+def render_prompt(template: PromptTemplate, query: str, passages: Sequence[str], ids: Sequence[str]) -> Prompt:
+    """One window's prompt, its untrusted text (the query, span 0, and the passages, already cleaned)
+    kept apart from the template (:class:`~.untrusted.Prompt`).
 
-    >>> msgs = render(RANK_ZEPHYR, "q", ["a", "b"], ["[1]", "[2]"])
-    >>> [role for role, _ in msgs], "[2] b" in msgs[1][1]
-    (['system', 'user'], True)
+    >>> p = render_prompt(RANK_ZEPHYR, "q", ["a", "b"], ["[1]", "[2]"])
+    >>> [role for role, _ in p.skeleton], p.spans, "[2] b" in p.text()[1][1]
+    (['system', 'user'], ('q', 'a', 'b'), True)
     """
-    fields = {"num": len(passages), "query": query}
-    body = "".join(template.passage.format(label=i, text=t, **fields) for i, t in zip(ids, passages))
+    fields = {"num": len(passages), "query": marker(0)}
+    body = "".join(template.passage.format(label=i, text=marker(k + 1), **fields) for k, i in enumerate(ids))
     user = template.head.format(**fields) + body + template.tail.format(**fields)
     messages: list[tuple[str, str]] = []
     if template.system:
         messages.append(("system", template.system.format(**fields)))
     messages.append(("user", user))
-    return tuple(messages)
+    return Prompt(tuple(messages), (query, *passages))
+
+
+def render(template: PromptTemplate, query: str, passages: Sequence[str], ids: Sequence[str]) -> Messages:
+    """The chat messages for one window as plain text (passages already cleaned), for inspection and
+    tests; what is sent goes through :func:`render_prompt`.
+
+    >>> msgs = render(RANK_ZEPHYR, "q", ["a", "b"], ["[1]", "[2]"])
+    >>> [role for role, _ in msgs], "[2] b" in msgs[1][1]
+    (['system', 'user'], True)
+    """
+    p = render_prompt(template, query, passages, ids)
+    return p.fill(p.spans)
 
 
 def raw_text(messages: Messages) -> str:
@@ -266,3 +278,17 @@ def jinja_template(path: str) -> Callable[[Messages], str]:
     return lambda messages: template.render(
         messages=[{"role": r, "content": c} for r, c in messages], add_generation_prompt=True,
         **{**tokens, "bos_token": ""})
+
+
+@functools.lru_cache(maxsize=16)
+def declared_tokens(style: str) -> tuple[str, ...]:
+    """The special tokens a ``tokenizer_config.json`` given as ``prompt`` declares (its ``added_tokens_decoder``
+    entries marked special, and its ``*_token`` fields); none for a built-in format."""
+    file = pathlib.Path(style)
+    if style in PROMPT_FORMATS or style == "chat" or file.suffix != ".json" or not file.is_file():
+        return ()
+    config = json.loads(file.read_text(encoding="utf-8"))
+    added = config.get("added_tokens_decoder") or {}
+    found = [t.get("content") for t in added.values() if isinstance(t, dict) and t.get("special")]
+    found += [v if isinstance(v, str) else (v or {}).get("content") for k, v in config.items() if k.endswith("_token")]
+    return tuple(sorted({t for t in found if isinstance(t, str) and len(t) > 1}))
