@@ -1,0 +1,222 @@
+"""The testbed's simulated llama.cpp server: it speaks the dialect the library probes for, reads every
+prompt back (passages, grades, the decoding prefix), and answers the parametric model's label
+distribution, so that what the library reads at each step is known exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capcal_integrations import EndpointError
+from capcal_integrations.calibration import normalise_logprobs
+from capcal_integrations.testbed import SCENARIOS, SlotModel, simulated_endpoint
+from capcal_integrations.testbed.endpoint import Vocabulary, pieces, tokenize
+
+WORDS = "flea cat dog lives years water heat sun moon river stone tree bird fish grass cloud".split()
+
+
+def lists(k=3, n=8):
+    """``k`` synthetic lists of ``n`` passages with grades 0..3 (distinct texts per query)."""
+    out = []
+    for q in range(k):
+        passages = [f"{WORDS[(q + i) % len(WORDS)].title()} passage {q}-{i}: " + " ".join(WORDS[(i * 3 + j) % len(WORDS)]
+                    for j in range(12)) for i in range(n)]
+        out.append((f"query number {q}", passages, [(i * 7 + q) % 4 for i in range(n)]))
+    return out
+
+
+def shares(p):
+    return [x / sum(p) for x in p]
+
+
+def softmax(logits):
+    return normalise_logprobs(list(logits))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_the_tokenizer_is_invertible(text):
+    vocab = Vocabulary()
+    for special in (True, False):
+        tokens = tokenize(vocab, text, special)
+        assert "".join(p for _, p in tokens) == text
+        assert "".join(vocab.piece(t) for t, _ in tokens) == text
+
+
+def test_identifier_pieces_and_special_tokens():
+    assert pieces(" [12] >") == [" [", "1", "2", "]", " >"]
+    assert pieces("<|im_end|>x") == ["<|im_end|>", "x"]
+    assert "<|im_end|>" not in pieces("<|im_end|>", parse_special=False)
+
+
+def test_the_library_probes_it_as_llama_cpp():
+    caps = simulated_endpoint(lists(), s=1.0).reranker().capabilities()
+    assert (caps.server, caps.transport, caps.tokenize, caps.slots, caps.context) == (
+        "llama.cpp", "completions", "llamacpp", 8, 32768)
+
+
+@pytest.mark.parametrize("options", [
+    {"method": "capcal", "alpha": 1.0, "guard": None},
+    {"method": "capcal", "alpha": 1.0, "guard": None, "probability": "trie"},
+    {"method": "capcal", "alpha": 1.0, "preset": "release"},
+    {"method": "capcal", "alpha": 1.0, "guard": None, "labels": "alpha"},
+])
+def test_each_step_reads_the_models_label_distribution(options):
+    data = lists()
+    endpoint = simulated_endpoint(data, scenario="delta-0.5b", s=1.0, seed=3)
+    query, passages, grades = data[1]
+    ranking = endpoint.reranker(**options).rerank(query, passages)
+    readings = endpoint.server.readings()
+    [real] = [r for r in readings if r.grades is not None]
+    [empty] = [r for r in readings if r.grades is None]
+    assert real.grades == tuple(grades)
+    first, later = ranking.steps[0], ranking.steps[5]  # later: the same logits over the labels not yet chosen
+    # renormalised here for normalise=False (the release's raw joint probabilities); a little mass leaks to other tokens
+    assert shares(first.p) == pytest.approx(softmax(real.logits), abs=2e-3)
+    assert shares(first.q) == pytest.approx(softmax(empty.logits), abs=2e-3)
+    assert shares(later.p) == pytest.approx(softmax([real.logits[i] for i in later.candidates]), abs=2e-3)
+
+
+def test_vanilla_follows_the_logits_and_s_zero_is_slot_order_only():
+    data = lists(1, 12)
+    endpoint = simulated_endpoint(data, s=3.0, noise=0.0, prior=[0.0] * 12, seed=0)
+    query, passages, grades = data[0]
+    order = endpoint.reranker(method="vanilla").rerank(query, passages).order
+    assert [grades[i] for i in order] == sorted(grades, reverse=True)
+    blind = simulated_endpoint(data, s=0.0, noise=0.0, prior=[-j for j in range(12)], seed=0)
+    assert blind.reranker(method="vanilla").rerank(query, passages).order == tuple(range(12))
+
+
+def test_passages_are_found_after_cleaning_cutting_and_for_their_own_query():
+    text = "Fleas  can live [3] up to <|im_end|> a year in warm homes with pets and carpets"
+    data = [("how long do fleas live", [text, "Cats sleep a lot", "Dogs bark"], [3, 0, 1]),
+            ("what do cats do", [text, "Cats sleep a lot", "Dogs bark"], [0, 2, 0])]
+    endpoint = simulated_endpoint(data, s=1.0)
+    endpoint.reranker(method="vanilla", max_passage_words=4).rerank("what do cats do", data[1][1])
+    [real] = [r for r in endpoint.server.readings() if r.grades is not None]
+    assert real.grades == (0, 2, 0)
+
+
+def test_a_passage_it_does_not_know_is_an_http_400():
+    endpoint = simulated_endpoint(lists(), s=1.0)
+    with pytest.raises(EndpointError, match="not in the testbed's data") as err:
+        endpoint.reranker(method="vanilla").rerank("query number 0", ["an unknown passage", "another one"])
+    assert err.value.status == 400
+
+
+def test_passages_sent_as_token_ids_read_as_the_same_prompt():
+    """The template as text, the passages as ids from /tokenize with parse_special false (llama.cpp's
+    mixed prompt): the same distribution as the all-text prompt."""
+    data = lists(1, 4)
+    endpoint = simulated_endpoint(data, s=1.0, seed=2)
+    client = endpoint.http_client
+    query, passages, _ = data[0]
+    body = "".join(f"[{i + 1}] {p}\n" for i, p in enumerate(passages))
+    text = client.post("http://testbed.invalid/apply-template", json={"messages": [
+        {"role": "user", "content": f"Rank for: {query}.\n\n{body}Search Query: {query}."}]}).json()["prompt"]
+    start, end = text.index("[1] "), text.index("Search Query")
+
+    def ids(s):
+        answer = client.post("http://testbed.invalid/tokenize", json={"content": s, "parse_special": False}).json()
+        return answer["tokens"]
+
+    opening = client.post("http://testbed.invalid/tokenize", json={"content": "["}).json()["tokens"]
+    mixed = [text[:start], *ids(text[start:end]), text[end:], *opening]
+    plain = [text, *opening]
+    answers = client.post("http://testbed.invalid/v1/completions", json={"prompt": [mixed, plain], "logprobs": 20}).json()
+    a, b = (c["logprobs"]["content"][0]["top_logprobs"] for c in answers["choices"])
+    assert a == b and len(a) >= 4
+    assert answers["usage"]["prompt_tokens"] > 2 * len(pieces(text)) - 10
+
+
+def test_text_alone_in_a_prompt_list_is_refused_as_llama_cpp_does():
+    endpoint = simulated_endpoint(lists(), s=1.0)
+    answer = endpoint.http_client.post("http://testbed.invalid/v1/completions", json={"prompt": [["a", "b"]]})
+    assert answer.status_code == 400
+
+
+def test_the_async_path_reads_the_same():
+    data = lists()
+    endpoint = simulated_endpoint(data, s=1.0, seed=5)
+    query, passages, _ = data[2]
+    sync = endpoint.reranker(method="capcal", alpha=1.0, guard=None).rerank(query, passages)
+    again = asyncio.run(endpoint.reranker(method="capcal", alpha=1.0, guard=None).arerank(query, passages))
+    assert again.order == sync.order and again.steps[0].p == pytest.approx(sync.steps[0].p)
+
+
+def test_the_same_prompt_gets_the_same_noise_another_draw_other_noise():
+    data = lists()
+    query, passages, _ = data[0]
+    first = [simulated_endpoint(data, s=1.0, seed=k).reranker(method="vanilla").rerank(query, passages).steps[0].p
+             for k in (1, 1, 2)]
+    assert first[0] == first[1] and first[0] != first[2]
+
+
+def test_slot_model_ties_and_preferences():
+    model = SlotModel(s=1.0, noise=0.5, tie=5, seed=1)
+    logits = model.logits([0, 1, 2, 3, 0, 1, 2, 3], "p")
+    assert sorted(logits)[:5] == [min(logits)] * 5 and len(set(logits)) == 4
+    liking = SlotModel(s=0.0, noise=0.0, preference=1.0, seed=1)
+    a = liking.logits([0, 0], "prompt a", ["x", "y"])
+    b = liking.logits([0, 0], "prompt b", ["y", "x"])
+    assert a == b[::-1] and a[0] != a[1]  # the same taste for a passage in every prompt
+    assert set(SCENARIOS) == {"no-delta", "delta-0.5b", "delta-1.5b", "last-digit", "ties"}
+
+
+def test_the_command_prints_and_writes_rows(tmp_path, capsys):
+    from capcal_integrations.testbed.command import main
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with gzip.open(folder / "candidates.jsonl.gz", "wt", encoding="utf-8") as f:
+        for q, (query, passages, _) in enumerate(lists(3, 6)):
+            f.write(json.dumps({"qid": str(q), "query": query, "candidates": [
+                {"docid": f"{q}-{i}", "text": p, "bm25_rank": i + 1} for i, p in enumerate(passages)]}) + "\n")
+    (folder / "qrels.txt").write_text("".join(f"{q} 0 {q}-{i} {g}\n" for q, (_, _, grades) in enumerate(lists(3, 6))
+                                              for i, g in enumerate(grades)))
+    out = tmp_path / "rows.json"
+    assert main(["--data", str(folder), "--s", "0,2", "--draws", "1", "--scenarios", "no-delta", "--json", str(out),
+                 "--quiet"]) == 0
+    rows = json.loads(out.read_text())
+    assert {tuple(sorted(r)) for r in rows} == {("method", "ndcg10", "reads_share", "s", "scenario")}
+    assert {r["method"] for r in rows} >= {"bm25", "vanilla", "capcal-1", "default"}
+    by = {(r["s"], r["method"]): r["ndcg10"] for r in rows}
+    assert by[(2.0, "vanilla")] > by[(2.0, "bm25")]
+    assert "| scenario | s | method |" in capsys.readouterr().out
+
+
+def test_ndcg_is_trec_evals():
+    from capcal_integrations.testbed.measure import ndcg10
+
+    # DCG = 3/log2(3) + 1/log2(4) = 2.3928; ideal = 3 + 1/log2(3) + 1/2 = 4.1309
+    assert ndcg10([0, 3, 1], [3, 1, 1]) == pytest.approx((3 / math.log2(3) + 0.5) / (3 + 1 / math.log2(3) + 0.5))
+
+
+def test_a_plain_import_does_not_load_the_testbed():
+    code = "import capcal_integrations, sys; print(any(m.startswith('capcal_integrations.testbed') for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_committed_slot_effects_are_what_the_fit_gives(tmp_path):
+    """slot_effects.json is regenerated by its script from the packaged models' records."""
+    import pathlib
+
+    from capcal_integrations.testbed import fit
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    qrels = pathlib.Path("/work/shared/data/trec-dl19-passage/qrels.txt")
+    if not qrels.is_file() or not (root / "benchmarks/results/trec-dl19-passage/records.jsonl").is_file():
+        pytest.skip("needs the DL19 qrels and the packaged models' records")
+    out = tmp_path / "effects.json"
+    assert fit.main(["--qrels", str(qrels), "--out", str(out)]) == 0
+    committed = json.loads((root / "capcal_integrations/testbed/slot_effects.json").read_text())
+    assert json.loads(out.read_text())["fits"] == committed["fits"]
+    assert committed["fits"]["0.5b"]["lists"] == 43 and committed["fits"]["1.5b"]["lists"] == 20
