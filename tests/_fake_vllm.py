@@ -1,0 +1,74 @@
+"""A packaged model and a "vLLM Python" for tests of the vLLM engine that need neither vLLM nor a download.
+
+:func:`fake_model` registers model "fake", made of two small files of the installed pytest
+distribution. :func:`fake_python` writes a shell script that stands for the Python that has vLLM:
+check_vllm's probe finds every module; ``-m vllm.entrypoints.openai.api_server`` runs a tiny HTTP
+server that answers /health and writes its command line and API key to ``<dir>/vllm.json``; anything
+else is a conversion, by a converter that logs its pid to ``<dir>/conversions`` and writes three files
+and one named after itself, 0.2 s apart (exit 3 after them with ``FAKE_CONVERT_FAIL=1``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+from capcal_integrations.server import MODELS, ModelSpec
+
+PARTS = (("pytest", "pytest/__init__.py"), ("pytest", "pytest/__main__.py"))
+
+_CONVERTER = """\
+import os, pathlib, sys, time
+out, tag = pathlib.Path(sys.argv[3]), str(os.getpid())
+with open({log!r}, "a") as f:
+    f.write(tag + "\\n")
+out.mkdir(parents=True, exist_ok=True)
+for name in ("config.json", "model.safetensors", "tokenizer.json", "only-" + tag):
+    time.sleep(0.2)
+    (out / name).write_text(tag)
+sys.exit(3 if os.environ.get("FAKE_CONVERT_FAIL") else 0)
+"""
+
+_SERVER = """\
+import http.server, json, os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as vLLM: a clean exit on SIGTERM
+with open({info!r}, "w") as f:
+    json.dump({{"argv": sys.argv, "key": os.environ.get("VLLM_API_KEY")}}, f)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+
+def fake_model(monkeypatch: pytest.MonkeyPatch, cache: pathlib.Path) -> bytes:
+    """Register model "fake" (cached in ``cache``); return the bytes its GGUF must have."""
+    data = b"".join(next(f for f in md.files(d) if f.as_posix() == rel).locate().read_bytes() for d, rel in PARTS)
+    spec = ModelSpec("fake", "test", ("pytest",), PARTS, hashlib.sha256(data).hexdigest(), len(data), "fake.gguf")
+    monkeypatch.setitem(MODELS, "fake", spec)
+    monkeypatch.setenv("CAPCAL_CACHE_DIR", str(cache))
+    return data
+
+
+def fake_python(folder: pathlib.Path) -> pathlib.Path:
+    """The fake "vLLM Python" (see the module docstring), written into ``folder``."""
+    converter, server = folder / "fake_convert.py", folder / "fake_vllm.py"
+    converter.write_text(_CONVERTER.format(log=str(folder / "conversions")))
+    server.write_text(textwrap.dedent(_SERVER.format(info=str(folder / "vllm.json"))))
+    python = folder / "fake-python"
+    python.write_text(f'#!/bin/sh\n[ "$1" = "-c" ] && exit 0\n'
+                      f'[ "$1" = "-m" ] && shift 2 && exec "{sys.executable}" "{server}" "$@"\n'
+                      f'exec "{sys.executable}" "{converter}" "$@"\n')
+    python.chmod(0o755)
+    return python
