@@ -1,7 +1,9 @@
-"""The ``capcal`` command: ``serve``, ``rerank``, ``tune``, ``demo`` and ``eval``.
+"""The ``capcal`` command: ``serve``, ``rerank``, ``tune``, ``demo``, ``eval`` and ``testbed``.
 
-With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank``, ``tune`` and ``demo`` reuse a server already
-listening on 127.0.0.1:8080 or start the embedded one for the duration of the command.
+With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank``, ``tune`` and ``demo`` reuse the server
+your ``capcal serve`` runs on 127.0.0.1:8080 (once it has proved it is that one: see
+``capcal_integrations/server/ownership.py``), else start the embedded one for the duration of the
+command; either way they send that server its own key, never ``$OPENAI_API_KEY``.
 """
 
 from __future__ import annotations
@@ -10,16 +12,23 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import pathlib
+import re
+import secrets
 import signal
+import stat
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any, TextIO
 
 from .errors import CapCalError, InputError, SetupError
 from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
+from .redaction import RedactingFilter, redact
 from .reranker import CapCalReranker
 
 log = logging.getLogger("capcal")
@@ -29,11 +38,15 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
     (stream or sys.stdout).write(text + "\n")
 
 
-def _reranker(args: argparse.Namespace, base_url: str, model: str | None) -> CapCalReranker:
-    return CapCalReranker(base_url=base_url, model=args.model_name or model, **options_from_args(args))
+def _reranker(args: argparse.Namespace, found: Any) -> CapCalReranker:
+    """The reranker for ``found`` (a :class:`~.server.Endpoint`): a local server gets its own key; an
+    endpoint the user named gets ``--api-key`` (None: the openai client's ``$OPENAI_API_KEY``)."""
+    url, model = found
+    return CapCalReranker(base_url=url, model=args.model_name or model, api_key=found.api_key or args.api_key,
+                          **options_from_args(args))
 
 
-def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[tuple[str, str | None]]:
+def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
     from .server import endpoint
 
     return endpoint(args.base_url, args.model, engine=args.engine, hosted=getattr(args, "hosted", False))
@@ -66,7 +79,11 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 (default: "
-                                      "$CAPCAL_BASE_URL, a server already on 127.0.0.1:8080, else the embedded one)")
+                                      "$CAPCAL_BASE_URL, else the server your `capcal serve` runs on 127.0.0.1:8080, "
+                                      "else the embedded one)")
+    p.add_argument("--api-key", default=None,
+                   help="key for the --base-url endpoint (default: $OPENAI_API_KEY); a local server found or "
+                        "started without --base-url is always sent its own key")
     p.add_argument("--model", default="0.5b", help="embedded model to start when no endpoint is given (0.5b, 1.5b, smollm2)")
     p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
                    help="engine of the embedded server started when no endpoint is given (default llamacpp)")
@@ -120,13 +137,33 @@ def _alphas(text: str) -> tuple[float, ...]:
     return alphas
 
 
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[TextIO]:
+    """A new file beside ``path`` that replaces it only when the block succeeds. On any failure
+    ``path`` is left as it was and the new file removed (``open(path, "w")`` emptied it before the
+    first request)."""
+    target = pathlib.Path(path)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    f = open(tmp, "x", encoding="utf-8")  # closed below, before the rename
+    try:
+        with f:
+            yield f
+        with contextlib.suppress(FileNotFoundError):  # an existing file keeps its permissions
+            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def cmd_rerank(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     requests = _read_requests(args)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    with _endpoint(args) as (url, model), out:
-        rr = _reranker(args, url, model)
+    sink = _replacing(args.output) if args.output else contextlib.nullcontext(sys.stdout)
+    with sink as out, _endpoint(args) as found:
+        rr = _reranker(args, found)
         for row in tqdm(requests, desc=f"rerank ({rr.method})", unit="query", disable=len(requests) < 2 and None):
             ranking = rr.rerank(row["query"], row["passages"])
             ranked = [{"index": i, "score": ranking.scores[i], "passage": row["passages"][i]} for i in ranking.order]
@@ -149,8 +186,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     requests = _read_requests(args)
     alphas = args.alphas or DEFAULT_ALPHAS
-    with _endpoint(args) as (url, model):
-        rr = _reranker(args, url, model)
+    with _endpoint(args) as found:
+        rr = _reranker(args, found)
         _out(f"capcal tune: {len(requests)} lists x {args.shuffles} shuffles, one decoding step each...", sys.stderr)
         choice = choose_alpha(rr, [(r["query"], r["passages"]) for r in requests], alphas=alphas,
                               shuffles=args.shuffles, seed=options_from_args(args).get("seed", 0), form=args.form)
@@ -172,8 +209,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     texts = [p["text"] for p in passages]
     _out(f"Query: {query}   ({len(texts)} BM25 passages from TREC DL19; grade = NIST relevance 0-3)\n")
     results = {}
-    with _endpoint(args) as (url, model):
-        rr = _reranker(args, url, model)
+    with _endpoint(args) as found:
+        rr = _reranker(args, found)
         calibrated = rr.method if rr.method not in ("vanilla", "psc") else "auto"
         for method in tqdm(("vanilla", calibrated), desc="reranking (cold prompts take ~10 s on 2 cores)", unit="method"):
             start = time.perf_counter()
@@ -200,6 +237,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- serve
+
+
+def _origin(text: str) -> str:
+    if text == "*" or re.fullmatch(r"https?://[^/\s,*]+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one origin such as http://localhost:3000 (or *), got {text!r}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve with a key always: ``--api-key``, ``$CAPCAL_API_KEY``, else a random one. The state file
+    (mode 0600) holds it, and lets this user's commands find the server and check it is this one."""
+    from .server.ownership import new_key
+
+    api_key = args.api_key or os.environ.get("CAPCAL_API_KEY") or new_key()
+    if args.engine == "vllm":
+        return _serve_vllm(args, api_key)
+    from .server import serve
+
+    serve(args.model, args.host, args.port, n_parallel=args.n_parallel, api_key=api_key,
+          allow_origin=args.allow_origin, record=True)
+    return 0
+
+
+def _serve_vllm(args: argparse.Namespace, api_key: str) -> int:
+    from .server import vllm
+    from .server.launcher import vllm_browser_flags
+    from .server.llamacpp import check_port
+    from .server.ownership import forget_server, record_server
+
+    vllm.check_vllm()
+    check_port(args.host, args.port)  # before the state file: a busy port may hold another server of ours
+    state = record_server(args.host, args.port, api_key, engine="vllm", model=args.model)
+    _out(f"capcal: the API key is in {state} (readable by you only); capcal rerank, tune and demo on this "
+         "machine find it there", sys.stderr)
+    try:
+        return vllm.serve(args.model, args.host, args.port, api_key=api_key,
+                          extra=vllm_browser_flags(args.allow_origin))
+    finally:
+        forget_server(state)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -216,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--model", default="0.5b", help="0.5b (default), 1.5b or smollm2")
     p.add_argument("--n-parallel", type=int, default=8, help="server slots (real and empty prompts keep one each)")
+    p.add_argument("--api-key", default=None,
+                   help="the key clients must send (default: $CAPCAL_API_KEY, else a random one); either way it is "
+                        "written to a file only you can read, where capcal commands on this machine find it. "
+                        "Prefer $CAPCAL_API_KEY: other users can read a command line")
+    p.add_argument("--allow-origin", type=_origin, default=None, metavar="ORIGIN",
+                   help="the one web origin (e.g. http://localhost:3000) whose pages may read answers "
+                        "(default: none; pages still need the key)")
 
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
     _add_input_options(p)
@@ -237,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(p)
 
     sub.add_parser("eval", help="evaluate methods on a benchmark (see `capcal eval --help`)", add_help=False)
+    sub.add_parser("testbed", help="measure the methods on the simulated reranker (see `capcal testbed --help`)",
+                   add_help=False)
     return parser
 
 
@@ -249,40 +337,56 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, interrupt)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``capcal`` command; returns the exit status. Every failure is one line on stderr:
-    ``capcal: error: ...`` (exit 1), an argument error (exit 2), or an interruption (exit 130)."""
-    argv = sys.argv[1:] if argv is None else argv
-    _exit_on_sigterm()
-    if argv[:1] == ["eval"]:
+def _setup_logging(verbose: bool, fmt: str) -> None:
+    """Log to stderr; every handler redacts credentials (``-v`` logs request URLs, which may carry them)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=fmt)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
+
+
+def _subcommand(name: str) -> Callable[[list[str]], int]:
+    """The ``main(argv)`` of a command with its own parser, imported only when run."""
+    if name == "eval":
         from .evaluation.command import main as eval_main
 
-        return eval_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
+        return eval_main
+    from .testbed.command import main as testbed_main
+
+    return testbed_main
+
+
+def _handled(run: Callable[[], int], verbose: bool) -> int:
+    """``run()``'s status; a failure is one redacted line on stderr (exit 1), an interruption exit 130."""
     try:
-        if args.command == "serve":
-            if args.engine == "vllm":
-                from .server import vllm
-
-                return vllm.serve(args.model, args.host, args.port)
-            from .server import serve
-
-            serve(args.model, args.host, args.port, n_parallel=args.n_parallel)
-            return 0
-        return {"rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}[args.command](args)
+        return run()
     except CapCalError as err:
-        _out(f"capcal: error: {err}", sys.stderr)
+        _out(f"capcal: error: {redact(str(err))}", sys.stderr)
         if isinstance(err, SetupError) and err.details:
-            _out(err.details if args.verbose else "(run with -v for details)", sys.stderr)
+            _out(redact(err.details) if verbose else "(run with -v for details)", sys.stderr)
         return 1
     except OSError as err:
-        _out(f"capcal: error: {err}", sys.stderr)
+        _out(f"capcal: error: {redact(str(err))}", sys.stderr)
         return 1
     except KeyboardInterrupt:
         _out("capcal: interrupted", sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``capcal`` command; returns the exit status. Every failure is one line on stderr:
+    ``capcal: error: ...`` (exit 1), an argument error (exit 2), or an interruption (exit 130)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _exit_on_sigterm()
+    if argv[:1] in (["eval"], ["testbed"]):  # commands with their own parsers
+        verbose = "-v" in argv or "--verbose" in argv
+        _setup_logging(verbose, "capcal: %(message)s")
+        return _handled(lambda: _subcommand(argv[0])(argv[1:]), verbose)
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose, "%(name)s: %(message)s")
+    logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
+    commands = {"serve": cmd_serve, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}
+    return _handled(lambda: commands[args.command](args), args.verbose)
 
 
 if __name__ == "__main__":

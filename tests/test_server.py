@@ -38,6 +38,7 @@ from capcal_integrations.server import (
     llamacpp,
     model_path,
 )
+from capcal_integrations.server.ownership import ServerRecord
 
 QWEN_05B_SIZE = 491_400_064
 HAS_XLLAMACPP = importlib.util.find_spec("xllamacpp") is not None
@@ -283,7 +284,7 @@ class _FakeServer:
 def fake_launch(monkeypatch) -> list[dict]:
     _FakeServer.started = []
     monkeypatch.setattr(launcher, "EmbeddedServer", _FakeServer)
-    monkeypatch.setattr(launcher, "find_running", lambda host, port: None)
+    monkeypatch.setattr(launcher, "find_own_server", lambda port: None)
     return _FakeServer.started
 
 
@@ -299,19 +300,27 @@ def test_endpoint_given_url_or_env_is_used_as_is(fake_launch, monkeypatch) -> No
 
 
 def test_endpoint_reuses_a_running_server(fake_launch, monkeypatch) -> None:
+    # which servers pass as ours is tests/test_local_security.py's business; here: the branch, and its key
     asked = []
-    monkeypatch.setattr(launcher, "find_running", lambda host, port: asked.append((host, port)) or f"http://{host}:{port}/v1")
+
+    def own(port: int) -> ServerRecord:
+        asked.append(port)
+        return ServerRecord("127.0.0.1", port, 1, f"key-{port}", "llama.cpp", "0.5b", 1, ("capcal", "serve"))
+
+    monkeypatch.setattr(launcher, "find_own_server", own)
     with endpoint(None, "0.5b") as got:
-        assert got == ("http://127.0.0.1:8080/v1", None)
+        assert got == ("http://127.0.0.1:8080/v1", None) and got.api_key == "key-8080"
     with endpoint(None, port=9999) as got:
-        assert got == ("http://127.0.0.1:9999/v1", None)
-    assert asked == [("127.0.0.1", 8080), ("127.0.0.1", 9999)] and fake_launch == []
+        assert got == ("http://127.0.0.1:9999/v1", None) and got.api_key == "key-9999"
+    assert asked == [8080, 9999] and fake_launch == []
 
 
 def test_endpoint_starts_and_stops_an_embedded_server(fake_launch) -> None:
     with endpoint(None, port=8123, threads=2) as got:
         assert got == ("http://127.0.0.1:9/v1", None)
+        key = fake_launch[0].pop("api_key")
         assert fake_launch == [{"model": "0.5b", "port": 8123, "threads": 2}]
+        assert got.api_key == key and len(key) > 30  # a fresh random key, given to the reranker too
     assert fake_launch[-1] == {"stopped": "0.5b"}
 
 

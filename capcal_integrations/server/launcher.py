@@ -3,6 +3,10 @@
 The child runs in its own session (process group) so :meth:`EmbeddedServer.stop` can end it and
 anything it spawned, and it watches a pipe whose write end only the parent holds: when the parent
 exits for any reason (even SIGKILL) the child reads EOF and shuts down.
+
+:func:`endpoint` reuses a running server only if this user's ``capcal serve`` started it and it proves
+it (:mod:`.ownership`); a server it starts itself gets a fresh key. Either way the key it yields is
+that server's own, never the ambient ``$OPENAI_API_KEY``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,15 @@ from collections.abc import Iterator
 from ..errors import InputError, MissingExtra, ServerError
 from .gateway import HostedGateway
 from .models import MODELS, _spec, cache_dir, model_path
+from .ownership import find_own_server, new_key
 
 log = logging.getLogger(__name__)
+
+#: Where ``capcal serve`` listens by default, and where the commands look for a running server.
+DEFAULT_PORT = 8080
+#: Sent to a local server that checks no key (the hosted gateway): any key, so long as the openai
+#: client does not fall back on ``$OPENAI_API_KEY``.
+NO_KEY = "no-key"
 
 _PACKAGE_ROOT = str(pathlib.Path(__file__).resolve().parent.parent.parent)  # holds capcal_integrations/
 
@@ -58,8 +69,11 @@ def _healthy(root: str) -> bool:
     return status == 200 and (body is None or (isinstance(body, dict) and body.get("status") == "ok"))
 
 
-def find_running(host: str = "127.0.0.1", port: int = 8080) -> str | None:
-    """The base URL if a healthy OpenAI-compatible server answers at host:port, else None."""
+def find_running(host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> str | None:
+    """The base URL if a healthy OpenAI-compatible server answers at host:port, else None.
+
+    This says nothing about whose server it is: :func:`endpoint` reuses only one that
+    :func:`.ownership.check_own_server` vouches for."""
     root = _url(host, port)
     if _healthy(root):
         return root + "/v1"
@@ -73,6 +87,12 @@ class EmbeddedServer:
     The engine-specific parts are :meth:`_prepare` (checks and downloads done in the parent),
     :meth:`_command` (the child's command line) and :attr:`default_startup_timeout`; :meth:`start`
     and :meth:`stop` are generic.
+
+    ``api_key``: the key the server requires on its ``/v1`` routes (``/health`` stays open); None, the
+    default, requires none: whoever reaches the port may use it. It reaches the child in its
+    environment (``$CAPCAL_API_KEY``), which only this user can read, not on its command line, which
+    every user can. ``allow_origin``: the one web origin whose pages may read the server's answers
+    (default none).
     """
 
     engine = "llama.cpp"
@@ -81,12 +101,14 @@ class EmbeddedServer:
 
     def __init__(self, model: str = "0.5b", host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout: float | None = None, *, n_parallel: int = 8, ctx_per_slot: int = 4096,
-                 threads: int | None = None, alias: str = "local", prefill: bool = True) -> None:
+                 threads: int | None = None, alias: str = "local", prefill: bool = True,
+                 api_key: str | None = None, allow_origin: str | None = None) -> None:
         _spec(model)
         self.model, self.host, self.port, self.alias = model, host, port, alias
         self.startup_timeout = self.default_startup_timeout if startup_timeout is None else startup_timeout
         self.n_parallel, self.ctx_per_slot, self.threads = n_parallel, ctx_per_slot, threads
         self.prefill = prefill  # False: llama.cpp does not continue a final assistant message (as hosted APIs)
+        self.api_key, self.allow_origin = api_key, allow_origin
         self.log_path: pathlib.Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lifeline: int | None = None  # write end of the pipe the child watches; closed in stop()
@@ -110,7 +132,8 @@ class EmbeddedServer:
         return [sys.executable, "-m", "capcal_integrations.server", "--model", self.model,
                 "--host", self.host, "--port", str(self.port), "--parent-fd", str(parent_fd),
                 "--n-parallel", str(self.n_parallel), "--ctx-per-slot", str(self.ctx_per_slot), "--alias", self.alias,
-                *(["--threads", str(self.threads)] if self.threads else []), *([] if self.prefill else ["--no-prefill"])]
+                *(["--threads", str(self.threads)] if self.threads else []), *([] if self.prefill else ["--no-prefill"]),
+                *(["--allow-origin", self.allow_origin] if self.allow_origin else [])]
 
     def _fail(self, why: str) -> ServerError:
         self.stop()
@@ -126,6 +149,7 @@ class EmbeddedServer:
     def start(self) -> EmbeddedServer:
         if self._proc and self._proc.poll() is None:
             return self
+        self.stop()  # a child that died: close its lifeline before starting anew
         self._prepare()
         if not self.port:
             with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as s:
@@ -134,6 +158,9 @@ class EmbeddedServer:
         self.log_path = cache_dir() / "logs" / f"{self.engine.lower().replace('.', '')}-{self.model}-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+        env.pop("CAPCAL_API_KEY", None)  # the user's key for their own `capcal serve` is not this server's
+        if self.api_key:
+            env["CAPCAL_API_KEY"] = self.api_key
         read_fd, write_fd = os.pipe()  # both non-inheritable: other children never hold the write end
         try:
             cmd = self._command(read_fd)
@@ -163,20 +190,25 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         """SIGTERM the child's process group, wait up to :attr:`stop_timeout`, then SIGKILL; close the
-        lifeline. Idempotent."""
+        lifeline. Idempotent.
+
+        Signals go only to a child the Popen handle says is still running (``poll() is None``): until
+        it is reaped its PID, which is also its process group's ID, cannot be given to another
+        process. Once reaped (it exited), nothing is signalled, since that number may be someone
+        else's now."""
         proc, self._proc = self._proc, None
         lifeline, self._lifeline = self._lifeline, None
         atexit.unregister(self.stop)
         try:
-            if proc is None or proc.poll() is not None:
-                return
             for sig in (signal.SIGTERM, signal.SIGKILL):
+                if proc is None or proc.poll() is not None:
+                    return
                 try:
                     os.killpg(proc.pid, sig)
+                except ProcessLookupError:  # the child left its group, which is empty now
+                    proc.send_signal(sig)
+                try:
                     proc.wait(timeout=self.stop_timeout)
-                    return
-                except ProcessLookupError:
-                    proc.wait()
                     return
                 except subprocess.TimeoutExpired:
                     log.warning("server pid %d still running %g s after %s", proc.pid, self.stop_timeout, sig.name)
@@ -208,28 +240,71 @@ class VllmServer(EmbeddedServer):
     def _command(self, parent_fd: int) -> list[str]:
         return [sys.executable, "-m", "capcal_integrations.server", "--engine", "vllm", "--model", self.model,
                 "--host", self.host, "--port", str(self.port), "--parent-fd", str(parent_fd), "--alias", self.alias,
-                "--ctx-per-slot", str(self.ctx_per_slot)]
+                "--ctx-per-slot", str(self.ctx_per_slot), *(["--allow-origin", self.allow_origin] if self.allow_origin else [])]
+
+
+def vllm_browser_flags(allow_origin: str | None) -> tuple[str, ...]:
+    """vLLM's CORS flags: only ``allow_origin`` may read answers from a web page (none by default; some
+    vLLM releases allowed every origin unless told otherwise)."""
+    return ("--allowed-origins", json.dumps([allow_origin] if allow_origin else []))
 
 
 #: The local engines, by the name ``--engine`` takes.
 ENGINES = ("llamacpp", "vllm")
 
 
+class Endpoint(tuple):
+    """What :func:`endpoint` yields: the pair ``(base_url, model)`` (so ``as (url, model)`` still
+    unpacks), plus :attr:`api_key`, the key to send there.
+
+    ``api_key`` is the local server's own key (or :data:`NO_KEY` for one that checks none), and None
+    for an endpoint the caller named: then the caller's own key applies (``--api-key``, else the
+    openai client's ``$OPENAI_API_KEY``).
+
+    >>> e = Endpoint("http://127.0.0.1:8080/v1", None, "k")
+    >>> url, model = e
+    >>> (url, model, e.api_key, e == ("http://127.0.0.1:8080/v1", None))
+    ('http://127.0.0.1:8080/v1', None, 'k', True)
+    """
+
+    api_key: str | None
+
+    def __new__(cls, base_url: str, model: str | None, api_key: str | None = None) -> Endpoint:
+        self = super().__new__(cls, (base_url, model))
+        self.api_key = api_key
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return self[0]
+
+    @property
+    def model(self) -> str | None:
+        return self[1]
+
+    def __repr__(self) -> str:  # never the key
+        return f"Endpoint({self[0]!r}, {self[1]!r}, api_key={'***' if self.api_key else None})"
+
+
 @contextlib.contextmanager
 def endpoint(base_url: str | None, model: str | None = None, *, port: int | None = None,
              threads: int | None = None, reuse_default: bool = True,
-             engine: str = "llamacpp", hosted: bool = False) -> Iterator[tuple[str, str | None]]:
-    """``(base_url, model name to send)`` for the duration of the ``with`` block.
+             engine: str = "llamacpp", hosted: bool = False) -> Iterator[Endpoint]:
+    """An :class:`Endpoint` ``(base_url, model name to send)`` with its ``api_key``, for the duration
+    of the ``with`` block.
 
     1. ``base_url``, else ``$CAPCAL_BASE_URL``: used as is; ``model`` is sent unless it names an
-       embedded model (then None: let the endpoint pick).
-    2. A healthy server already at 127.0.0.1:``port`` (default 8080, unless ``reuse_default`` is
-       false: then only a given ``port`` is reused): reused; name None.
+       embedded model (then None: let the endpoint pick); ``api_key`` None (the caller's).
+    2. A server this user's ``capcal serve`` started at 127.0.0.1:``port`` (default
+       :data:`DEFAULT_PORT`, unless ``reuse_default`` is false: then only a given ``port`` is
+       reused), checked by :func:`.ownership.check_own_server` before anything is sent: reused,
+       with its key; name None. Any other server there is left alone (the reason is logged).
     3. Otherwise the embedded server for ``model`` (default "0.5b") is started here with ``engine``
-       (``"llamacpp"`` or ``"vllm"``) and stopped on exit.
+       (``"llamacpp"`` or ``"vllm"``) and a fresh random key, and stopped on exit.
 
     ``hosted``: always start the embedded llama.cpp server, with assistant prefill off, and give the
-    URL of a :class:`~.gateway.HostedGateway` in front of it (the model as a hosted chat-only API).
+    URL of a :class:`~.gateway.HostedGateway` in front of it (the model as a hosted chat-only API;
+    the gateway checks no key, so ``api_key`` is :data:`NO_KEY`).
     """
     base_url = base_url or os.environ.get("CAPCAL_BASE_URL")
     if hosted:
@@ -239,24 +314,25 @@ def endpoint(base_url: str | None, model: str | None = None, *, port: int | None
         with EmbeddedServer(model=model or "0.5b", port=port, threads=threads, prefill=False) as server, \
                 HostedGateway(server.base_url, "chat") as gateway:
             log.info("embedded server at %s shown as a hosted chat-only API at %s", server.base_url, gateway.base_url)
-            yield gateway.base_url, None
+            yield Endpoint(gateway.base_url, None, NO_KEY)
         return
     if base_url:
-        yield base_url, (None if model in MODELS else model)
+        yield Endpoint(base_url, None if model in MODELS else model)
         return
     embedded = model or "0.5b"
     if embedded not in MODELS:
         raise InputError(f"model {embedded!r} is not an embedded model (choose one of: {', '.join(MODELS)}); "
                          "pass --base-url to use another endpoint")
-    reuse_port = port or (8080 if reuse_default else None)
-    if reuse_port and (running := find_running("127.0.0.1", reuse_port)):
-        log.info("using the server already running at %s", running)
-        yield running, None
+    reuse_port = port or (DEFAULT_PORT if reuse_default else None)
+    if reuse_port and (own := find_own_server(reuse_port)):
+        log.info("using the server your capcal serve (pid %d) runs at %s", own.pid, own.base_url)
+        yield Endpoint(own.base_url, None, own.api_key)
         return
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     log.info("starting the embedded %s model server with %s (no --base-url given)", embedded, engine)
     extra = {"threads": threads} if engine == "llamacpp" else {}
-    with (VllmServer if engine == "vllm" else EmbeddedServer)(model=embedded, port=port, **extra) as server:
+    key = new_key()
+    with (VllmServer if engine == "vllm" else EmbeddedServer)(model=embedded, port=port, api_key=key, **extra) as server:
         log.info("embedded %s server ready at %s (log %s)", embedded, server.base_url, server.log_path)
-        yield server.base_url, None
+        yield Endpoint(server.base_url, None, key)
