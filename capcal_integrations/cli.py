@@ -23,13 +23,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from importlib import resources
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import CapCalError, InputError, SetupError
 from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
 from .redaction import RedactingFilter, redact
 from .reranker import CapCalReranker
+
+if TYPE_CHECKING:
+    from .server import Endpoint
 
 log = logging.getLogger("capcal")
 
@@ -38,7 +41,7 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
     (stream or sys.stdout).write(text + "\n")
 
 
-def _reranker(args: argparse.Namespace, found: Any) -> CapCalReranker:
+def _reranker(args: argparse.Namespace, found: Endpoint) -> CapCalReranker:
     """The reranker for ``found`` (a :class:`~.server.Endpoint`): a local server gets its own key; an
     endpoint the user named gets ``--api-key`` (None: the openai client's ``$OPENAI_API_KEY``)."""
     url, model = found
@@ -46,9 +49,12 @@ def _reranker(args: argparse.Namespace, found: Any) -> CapCalReranker:
                           **options_from_args(args))
 
 
-def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[Endpoint]:
     from .server import endpoint
 
+    if args.api_key and not (args.base_url or os.environ.get("CAPCAL_BASE_URL")):
+        raise InputError("--api-key is the key of the --base-url endpoint; a local server found or started "
+                         "without --base-url is sent its own key")
     return endpoint(args.base_url, args.model, engine=args.engine, hosted=getattr(args, "hosted", False))
 
 

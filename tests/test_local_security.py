@@ -279,6 +279,11 @@ def test_an_endpoint_the_user_named_gets_the_users_key(passages, capsys):
         assert all(s.auth == f"Bearer {AMBIENT}" for s in named.seen)
 
 
+def test_api_key_without_base_url_is_an_input_error(passages, capsys):
+    assert rerank(passages, "--api-key", "k") == 1
+    assert "--api-key is the key of the --base-url endpoint" in capsys.readouterr().err
+
+
 def test_state_files_are_written_for_this_user_only(tmp_path):
     path = record_server("0.0.0.0", 8123, "k", engine="llama.cpp", model="0.5b")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -405,3 +410,38 @@ def test_capcal_serve_requires_its_key_records_it_and_is_found(port, tmp_path):
         serve.terminate()
         serve.wait(timeout=60)
     assert not state.exists()  # removed on the way out
+
+
+# --------------------------------------------------------------------------- stopping a child (issue 16, item 11)
+
+
+def _child(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
+
+
+def test_stop_signals_nothing_once_the_child_has_exited(monkeypatch):
+    # the reaped child's PID (and process group ID) may belong to someone else by now
+    sent = []
+    monkeypatch.setattr(launcher.os, "killpg", lambda *a: sent.append(a))
+    srv = launcher.EmbeddedServer("0.5b")
+    srv._proc = _child("pass")
+    srv._proc.wait()
+    srv.stop()
+    assert sent == []
+
+
+def test_stop_sends_sigkill_only_to_a_child_still_running_after_sigterm(monkeypatch):
+    real_killpg, sent = os.killpg, []
+    monkeypatch.setattr(launcher.os, "killpg", lambda pid, sig: (sent.append(sig), real_killpg(pid, sig)))
+    polite = launcher.EmbeddedServer("0.5b")
+    polite._proc = _child("import time; time.sleep(60)")
+    polite.stop()
+    assert sent == [launcher.signal.SIGTERM] and polite._proc is None
+    sent.clear()
+    stubborn = launcher.EmbeddedServer("0.5b")
+    stubborn.stop_timeout = 1
+    stubborn._proc = proc = _child("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                   "print('ready', flush=True); time.sleep(60)")
+    assert proc.stdout.readline() == "ready\n"  # type: ignore[union-attr]  # SIGTERM is ignored from now on
+    stubborn.stop()
+    assert sent == [launcher.signal.SIGTERM, launcher.signal.SIGKILL] and proc.returncode == -9
