@@ -274,6 +274,126 @@ def test_eval_command_bm25_only_writes_runs_and_report(tmp_path):
     assert main(["--data", str(TINY), "--out", str(out), "--methods", "capcal:beta=2"]) == 2
 
 
+# --------------------------------------------------------------------------- which model, and resuming
+
+def _model_records(out, model, methods=("vanilla",)):
+    """records.jsonl in ``out`` as a finished run of ``methods`` on the tiny fixture (top 5) by ``model``."""
+    store = Store(out / "records.jsonl")
+    for _, jobs in rank_jobs(load_dataset(TINY).topics, parse_specs(",".join(methods)), 5):
+        for job in jobs:
+            store.add({"kind": "rank", "method": job.spec.key, "label": job.spec.label, "qid": job.topic.qid,
+                       "variant": "", "input": list(job.docids), "order": list(job.docids), "model": model,
+                       "usage": {"requests": 1, "prompt_tokens": 10, "completion_tokens": 1, "cached_tokens": 0},
+                       "seconds": 1.0})
+    return store
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """Fail the test if the command asks for an endpoint (it would start a server)."""
+    import capcal_integrations.server as server
+
+    monkeypatch.delenv("CAPCAL_BASE_URL", raising=False)
+    monkeypatch.setattr(server, "endpoint", lambda *a, **k: pytest.fail("an endpoint was opened"))
+
+
+@pytest.mark.parametrize(("recorded", "in_meta"), [("0.5b", True), ("0.5b", False), ("local", False)])
+def test_eval_refuses_to_resume_a_folder_of_another_embedded_model(tmp_path, capsys, no_server, recorded, in_meta):
+    out = tmp_path / "out"
+    out.mkdir()
+    _model_records(out, recorded)  # "local": records written before they named their model
+    if in_meta:
+        (out / "meta.json").write_text(json.dumps({"model_id": recorded, "command": "capcal eval ..."}))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    status = main(["--data", str(TINY), "--out", str(out), "--top", "5", "--methods", "bm25,vanilla",
+                   "--model", "1.5b", "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert f"holds results of model {recorded!r}, not '1.5b'" in err and "--out" in err and "--fresh" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing written, no report
+
+
+def test_eval_resumes_a_folder_of_the_same_model(tmp_path, no_server):
+    out = tmp_path / "out"
+    out.mkdir()
+    _model_records(out, "1.5b")
+    (out / "meta.json").write_text(json.dumps({"model_id": "1.5b"}))
+    # every vanilla ranking is stored: nothing to rerank, so no endpoint; the report is rewritten
+    assert main(["--data", str(TINY), "--out", str(out), "--top", "5", "--methods", "bm25,vanilla", "--model", "1.5b",
+                 "--no-progress"]) == 0
+    assert "| `vanilla` | 3 |" in (out / "report.md").read_text()
+    assert json.loads((out / "meta.json").read_text())["model_id"] == "1.5b"
+
+
+def test_eval_refuses_a_folder_of_another_endpoint_model_before_connecting(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    _model_records(out, "qwen-0.5b@127.0.0.1:9")
+    status = main(["--data", str(TINY), "--out", str(out), "--top", "5", "--methods", "vanilla", "--no-progress",
+                   "--base-url", "http://127.0.0.1:9/v1", "--model", "qwen-1.5b", "--timeout", "5"])
+    assert status == 2
+    assert "'qwen-0.5b@127.0.0.1:9', not 'qwen-1.5b@127.0.0.1:9'" in capsys.readouterr().err
+
+
+def test_eval_fresh_sets_the_old_records_aside(tmp_path, no_server):
+    out = tmp_path / "out"
+    out.mkdir()
+    old = _model_records(out, "0.5b").path.read_text()
+    (out / "meta.json").write_text(json.dumps({"model_id": "0.5b"}))
+    (out / "runs").mkdir()
+    (out / "runs" / "vanilla.txt").write_text("made from the old records")
+    assert main(["--data", str(TINY), "--out", str(out), "--top", "5", "--methods", "bm25", "--model", "1.5b",
+                 "--fresh", "--no-progress"]) == 0
+    kept = list(out.glob("records.jsonl.*.old"))
+    assert len(kept) == 1 and kept[0].read_text() == old and len(list(out.glob("meta.json.*.old"))) == 1
+    assert {r["method"] for r in Store(out / "records.jsonl").select("rank")} == {"bm25"}
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["bm25.txt"]
+
+
+def test_records_name_the_model_they_were_ranked_with(tmp_path):
+    from capcal_integrations import CapCalReranker
+    from tests.fake_endpoint import clients, make_handler
+
+    sync, async_ = clients(make_handler())
+    reranker = CapCalReranker(client=sync, async_client=async_)
+    store = Store(tmp_path / "records.jsonl")
+    groups = rank_jobs(load_dataset(TINY).topics[:1], parse_specs("bm25,vanilla"), 3)
+    summary = asyncio.run(Runner(store, reranker, progress=False, model_id="1.5b").run(groups))
+    assert summary.failed == [] and summary.done == 2
+    assert [r.get("model") for r in store.select("rank")] == [None, "1.5b"]  # bm25 used no model
+
+
+def test_identity_of_embedded_and_endpoint_models(monkeypatch):
+    from capcal_integrations.evaluation import identity
+
+    monkeypatch.delenv("CAPCAL_BASE_URL", raising=False)
+    assert identity.planned_model_id(None, None) == "0.5b" and identity.planned_model_id(None, "1.5b") == "1.5b"
+    assert identity.planned_model_id("https://k:s@api.example.com/v1", "gpt-4o-mini") == "gpt-4o-mini@api.example.com"
+    assert identity.planned_model_id("http://h:8000/v1", None) is None  # the endpoint will say
+    monkeypatch.setenv("CAPCAL_BASE_URL", "http://h:8000/v1")
+    assert identity.planned_model_id(None, "m") == "m@h:8000"
+    identity.check_weights("1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "http://h/v1")
+    identity.check_weights("1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m-hf", "http://h/v1")  # vLLM's conversion
+    identity.check_weights("1.5b", None, "http://h/v1")  # the server does not say
+    with pytest.raises(InputError, match="serves qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, not the embedded model '1.5b'"):
+        identity.check_weights("1.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "http://h/v1")
+
+
+def test_eval_records_its_command_line_without_credentials(tmp_path):
+    out = tmp_path / "out"
+    assert main(["--data", str(TINY), "--out", str(out), "--methods", "bm25", "--no-progress",
+                 "--base-url", "http://bob:hunter2@127.0.0.1:9/v1?api_key=qs-secret", "--api-key", "sk-live-123"]) == 0
+    for name in ("meta.json", "report.md"):
+        text = (out / name).read_text()
+        assert "hunter2" not in text and "sk-live-123" not in text and "qs-secret" not in text, name
+        assert "http://***@127.0.0.1:9/v1" in text and "--api-key ***" in text, name
+
+
+def test_eval_api_key_without_base_url_is_refused(tmp_path, capsys, no_server):
+    status = main(["--data", str(TINY), "--out", str(tmp_path / "out"), "--methods", "vanilla", "--api-key", "sk-1"])
+    assert status == 2 and "--api-key is the key of --base-url" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- end to end, real server
 
 @pytest.mark.e2e
@@ -299,9 +419,17 @@ def test_eval_end_to_end_on_the_tiny_fixture(server_url, test_model, tmp_path):
     for label in ("`vanilla`", "`capcal`", "`first-token`", "Kendall", "Needle"):
         assert label in report
     assert (out / "ndcg_per_method.png").stat().st_size > 1000
+    meta = json.loads((out / "meta.json").read_text())
+    host = server_url.split("//", 1)[1].split("/", 1)[0]
+    assert meta["model_id"] == f"{test_model}@{host}" and meta["endpoint"] == host
+    assert {r["model"] for r in records if r["method"] != "bm25"} == {meta["model_id"]}
+    if meta["server"] == "llama.cpp":
+        assert meta["weights"].endswith(".gguf") and f"weights `{meta['weights']}`" in report
     before = len(records)
     assert main(args) == 0  # resumes: nothing left to rerank
     assert len((out / "records.jsonl").read_text().splitlines()) == before
+    other = [*args[: args.index("--model") + 1], "another-model", *args[args.index("--model") + 2:]]
+    assert main(other) == 2  # refused: the folder holds the first model's results
 
 
 def test_report_from_synthetic_records_has_every_section(tmp_path):

@@ -7,6 +7,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from ..redaction import redact
 from . import analysis as A
 from . import diagnostics as D
 from .data import Dataset, write_run
@@ -217,9 +218,11 @@ def write_report(out: pathlib.Path, dataset: Dataset, store: Store, specs: Seque
                       A.run_for(dataset, recs), s.key)
     head = [f"# capcal eval: {dataset.name}\n",
             f"- queries: {len(dataset.topics)} (top-{meta.get('top', 20)} of the first stage reranked)",
-            f"- model: `{meta.get('model', '?')}` on {meta.get('server') or 'an OpenAI-compatible server'}"
+            f"- model: `{meta.get('model_id') or meta.get('model', '?')}` on "
+            f"{meta.get('server') or 'an OpenAI-compatible server'}"
+            + (f", weights `{meta['weights']}`" if meta.get("weights") else "")
             + (f" (xllamacpp {meta['xllamacpp']})" if meta.get("xllamacpp") else ""),
-            f"- command: `{meta.get('command', '')}`",
+            f"- command: `{redact(meta.get('command', ''))}`",
             f"- finished: {meta.get('finished', 'not yet')}\n"]
     body = sections(dataset, store, specs, biased, out, "", int(meta.get("top", 20)))
     path = out / "report.md"

@@ -145,10 +145,13 @@ def make_record(job: Job, ranking: Ranking | None, seconds: float, model: str = 
 
 
 class Runner:
-    """Runs jobs through one reranker (``None`` if every method is bm25), storing each result."""
+    """Runs jobs through one reranker (``None`` if every method is bm25), storing each result.
 
-    def __init__(self, store: Store, reranker: Any | None, *, progress: bool = True) -> None:
-        self.store, self.reranker, self.progress = store, reranker, progress
+    ``model_id`` names the model in every record (:mod:`.identity`); without it, the served name.
+    """
+
+    def __init__(self, store: Store, reranker: Any | None, *, progress: bool = True, model_id: str | None = None) -> None:
+        self.store, self.reranker, self.progress, self.model_id = store, reranker, progress, model_id
         self._variants: dict[str, Any] = {}
 
     def _for(self, spec: MethodSpec) -> Any:
@@ -166,7 +169,7 @@ class Runner:
         rr = self._for(job.spec)
         start = time.perf_counter()
         ranking = await rr.arerank(job.topic.query, docs)
-        return make_record(job, ranking, time.perf_counter() - start, rr.model or "")
+        return make_record(job, ranking, time.perf_counter() - start, self.model_id or rr.model or "")
 
     async def run(self, groups: Sequence[Group], desc: str = "") -> RunSummary:
         """Run every job not yet in the store, group after group, with a progress bar over queries."""
