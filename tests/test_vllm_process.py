@@ -145,8 +145,10 @@ def test_stop_lets_a_server_that_honours_sigterm_exit_without_sigkill(caplog):
 
 
 def test_the_api_key_goes_in_the_environment_never_on_the_command_line(monkeypatch, tmp_path):
-    monkeypatch.setenv("VLLM_API_KEY", "left-over")
-    assert "VLLM_API_KEY" not in vllm.vllm_environment()  # no key asked for: none from the caller's environment
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert "VLLM_API_KEY" not in vllm.vllm_environment()
+    monkeypatch.setenv("VLLM_API_KEY", "the-users")
+    assert vllm.vllm_environment()["VLLM_API_KEY"] == "the-users"  # never dropped: that would open the server
     assert vllm.vllm_environment("sk-secret")["VLLM_API_KEY"] == "sk-secret"
     cmd = vllm.vllm_command("python", tmp_path, "127.0.0.1", 8000)
     assert "--api-key" not in cmd

@@ -169,8 +169,7 @@ def vllm_environment(api_key: str | None = None) -> dict[str, str]:
     key every request must carry (``VLLM_API_KEY``, which vLLM reads as it reads ``--api-key``: in the
     environment it is not shown to other users by ``ps``, as a command-line argument would be)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **cpu_environment()}
-    env.pop("VLLM_API_KEY", None)  # only the key asked for here, not one left in the caller's environment
-    if api_key:
+    if api_key:  # without one, a VLLM_API_KEY the caller set stays: dropping it would open the server
         env["VLLM_API_KEY"] = api_key
     return env
 
