@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import numbers
 import os
 import weakref
 from collections.abc import Mapping
@@ -49,6 +51,15 @@ def _settings_of(client: openai.OpenAI | openai.AsyncOpenAI) -> dict[str, Any]:
             "default_headers": dict(client._custom_headers) or None, "default_query": dict(client._custom_query) or None}
 
 
+def _check_limits(timeout: Any, max_retries: Any) -> None:
+    """``timeout`` (seconds, or an ``httpx.Timeout``) is a finite number > 0; ``max_retries`` an integer >= 0."""
+    if isinstance(timeout, bool) or (isinstance(timeout, numbers.Real) and not (math.isfinite(timeout) and timeout > 0)):
+        raise InputError(f"timeout must be a finite number of seconds > 0 (or an httpx.Timeout), got {timeout!r}")
+    if max_retries is not None and not (isinstance(max_retries, int) and not isinstance(max_retries, bool)
+                                        and max_retries >= 0):
+        raise InputError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+
+
 class Clients:
     """The sync client and the async clients of one endpoint. The async client is one per event
     loop when this class builds it (an httpx pool cannot outlive the loop it was made in, and scripts
@@ -59,6 +70,7 @@ class Clients:
                  default_query: Mapping[str, object] | None = None, http_client: Any = None,
                  async_http_client: Any = None, client: openai.OpenAI | None = None,
                  async_client: openai.AsyncOpenAI | None = None) -> None:
+        _check_limits(timeout, max_retries)
         overrides = {k: v for k, v in (("timeout", timeout), ("max_retries", max_retries)) if v is not None}
         if overrides:
             client = client.with_options(**overrides) if client is not None else None

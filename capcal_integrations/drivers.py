@@ -3,18 +3,25 @@
 ``run_sync`` and ``run_async`` are the two short drivers; everything they run is written once in
 :mod:`.protocol` and :mod:`.strategies`. Retries (408/409/429/5xx with backoff) are the openai
 client's own; what is left after them becomes a typed :mod:`.errors` exception, thrown into the flow
-(probing catches "unsupported" answers; everything else propagates to the caller).
+(probing catches "unsupported" answers; everything else propagates to the caller). An answer that is not
+a JSON object, or whose ``usage`` is malformed, is a :class:`~.errors.ResponseError` thrown the same way.
+
+Nothing is left running behind an error: when one request of an async batch fails, the others are
+cancelled and awaited before the error reaches the flow (whose ``finally`` then releases the slot pins
+of the batch), and a flow the driver leaves early (cancelled, or an error it does not catch) is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import openai
 
+from .answers import excerpt, usage_of
 from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError
-from .protocol import Call, Flow, usage_of
+from .protocol import Call, Flow
 from .types import Usage
 
 T = TypeVar("T")
@@ -46,8 +53,9 @@ def _typed(err: Exception, call: Call) -> EndpointError:
 
 
 def _checked(answer: Any, call: Call) -> Any:
-    if not isinstance(answer, (dict, list)):
-        raise ResponseError(f"{call.method} {call.path}: expected JSON, got {str(answer)[:200]!r}", body=answer)
+    """Every route used answers a JSON object; anything else is malformed."""
+    if not isinstance(answer, dict):
+        raise ResponseError(f"{call.method} {call.path}: expected a JSON object, got {excerpt(answer)}", body=answer)
     return answer
 
 
@@ -87,35 +95,77 @@ class _Run:
             return None
 
     def send(self, answers: list[Any] | EndpointError) -> None:
+        if not isinstance(answers, EndpointError):
+            try:
+                usage = sum((usage_of(answer) for answer in answers), Usage())
+            except ResponseError as err:
+                answers = err
+            else:
+                self.usage = self.usage + usage
         if isinstance(answers, EndpointError):
-            self.calls = self._advance(lambda: self.flow.throw(answers))
+            error = answers
+            self.calls = self._advance(lambda: self.flow.throw(error))
             return
-        for answer in answers:
-            self.usage = self.usage + usage_of(answer)
         self.calls = self._advance(lambda: self.flow.send(answers))
+
+    def close(self) -> None:
+        """Close the flow if it has not returned (its ``finally`` blocks run: slot pins are released)."""
+        if self.calls is not None:
+            self.flow.close()
 
 
 def run_sync(flow: Flow[T], client: Any) -> tuple[T, Usage]:
     """Drive ``flow`` with a sync ``openai.OpenAI`` client, one call after another."""
     run = _Run(flow)
-    while run.calls is not None:
-        try:
-            answers: list[Any] | EndpointError = [_send_sync(client, c) for c in run.calls]
-        except EndpointError as err:
-            answers = err
-        run.send(answers)
+    try:
+        while run.calls is not None:
+            try:
+                answers: list[Any] | EndpointError = [_send_sync(client, c) for c in run.calls]
+            except EndpointError as err:
+                answers = err
+            run.send(answers)
+    finally:
+        run.close()
     return run.result, run.usage
 
 
 async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore) -> tuple[T, Usage]:
     """Drive ``flow`` with an ``openai.AsyncOpenAI`` client; each batch's calls run concurrently
-    (at most ``limit`` in flight, shared with other flows)."""
+    (at most ``limit`` in flight, shared with other flows), and when one fails the others are cancelled
+    and awaited before the error is thrown into the flow (see :func:`together`)."""
     run = _Run(flow)
-    while run.calls is not None:
-        try:
-            answers: list[Any] | EndpointError = list(await asyncio.gather(*(_send_async(client, c, limit)
-                                                                              for c in run.calls)))
-        except EndpointError as err:
-            answers = err
-        run.send(answers)
+    try:
+        while run.calls is not None:
+            try:
+                answers: list[Any] | EndpointError = await together([_send_async(client, c, limit) for c in run.calls])
+            except EndpointError as err:
+                answers = err
+            run.send(answers)
+    finally:
+        run.close()
     return run.result, run.usage
+
+
+async def together(coroutines: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coroutines`` concurrently; their results in order. When one fails, the others are cancelled
+    and awaited, then the first failure (in the order given) is raised: nothing is still running when
+    the error reaches the caller (``asyncio.TaskGroup``'s semantics, which Python 3.10 lacks; a plain
+    ``asyncio.gather`` leaves the others running). The same when the caller is cancelled."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    if not tasks:
+        return []
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        for task in tasks:  # retrieved, so that asyncio does not log them as never retrieved
+            if not task.cancelled():
+                task.exception()
+    failures = [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]
+    if failures:
+        raise failures[0].exception()
+    return [t.result() for t in tasks]

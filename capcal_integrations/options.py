@@ -10,6 +10,8 @@ string in its metadata. Everything else is derived from it: the keyword argument
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -71,6 +73,24 @@ def _bool(raw: str) -> bool:
     if raw.lower() in ("false", "no", "0", "off"):
         return False
     raise InputError(f"expected true or false, got {raw!r}")
+
+
+def _whole(value: Any) -> bool:
+    """An integer, and not a bool (``True`` is an int in Python, not a window size).
+
+    >>> _whole(3), _whole(True), _whole(3.0)
+    (True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    """A finite real number, and not a bool.
+
+    >>> _finite(1.5), _finite(float("inf")), _finite(float("nan")), _finite(False)
+    (True, False, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _optional_str(raw: str) -> str | None:
@@ -153,14 +173,13 @@ class Options:
     concurrency: int = _option(8, "Requests in flight at once (async API and *_many).", _int)
 
     def __post_init__(self) -> None:
+        self._check_types()
         object.__setattr__(self, "template", resolve_template(self.template))
         for f in fields(self):
             choices = f.metadata["choices"]
             value = getattr(self, f.name)
             if choices and f.name != "template" and value not in choices and not (f.name == "preset" and value is None):
                 raise InputError(f"unknown {f.name} {value!r}; choose one of {', '.join(choices)}")
-        if not (self.alpha == "adaptive" or (isinstance(self.alpha, (int, float)) and self.alpha >= 0)):
-            raise InputError(f"alpha must be 'adaptive' or a number >= 0, got {self.alpha!r}")
         if self.window < 2 or not 1 <= self.stride <= self.window:
             raise InputError(f"need window >= 2 and 1 <= stride <= window, got {self.window}/{self.stride}")
         for name in ("m", "top_logprobs", "concurrency"):
@@ -172,6 +191,30 @@ class Options:
             raise InputError("normalise=False needs probability='joint' (the trie form is normalised at every token)")
         if self.decoding == "release" and (self.labels != "numeric" or self.window > 99):
             raise InputError("decoding='release' needs numeric identifiers and window <= 99 (it scores two digits)")
+
+    def _check_types(self) -> None:
+        """Each value's type and range, before anything uses it: a bool is not a number here, NaN and
+        infinities are refused (``alpha=inf`` made NaN scores, ``guard=nan`` switched the guard off), and
+        the word limit is at least 1 (``0`` sent empty passages, ``-3`` cut each passage's last 3 words)."""
+        for name in ("preset", "method", "calibration", "decoding", "labels", "probability", "prompt", "placeholder"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (name == "preset" and value is None):
+                raise InputError(f"{name} must be a string, got {value!r}")
+        if not isinstance(self.template, (str, PromptTemplate)):
+            raise InputError(f"template must be a template name or a PromptTemplate, got {self.template!r}")
+        if not isinstance(self.normalise, bool):
+            raise InputError(f"normalise must be True or False, got {self.normalise!r}")
+        if not (self.alpha == "adaptive" or (_finite(self.alpha) and self.alpha >= 0)):
+            raise InputError(f"alpha must be 'adaptive' or a finite number >= 0, got {self.alpha!r}")
+        if not (self.guard is None or _finite(self.guard)):
+            raise InputError(f"guard must be a finite number (a z-score) or None to turn it off, got {self.guard!r}")
+        for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):
+            if not _whole(getattr(self, name)):
+                raise InputError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        for name in ("max_passage_words", "max_context"):
+            value = getattr(self, name)
+            if value is not None and not (_whole(value) and value >= 1):
+                raise InputError(f"{name} must be an integer >= 1, or None for no limit, got {value!r}")
 
     @property
     def calibrated(self) -> bool:

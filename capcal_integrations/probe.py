@@ -6,7 +6,8 @@ vLLM's token-id prompt lists, else chat completions that continue a prefilled as
 there is none (hosted APIs), it looks for a plain ``/v1/completions`` that takes text prompt lists
 (``text_completions``). :func:`route` then says how a prompt format is read on this endpoint.
 Optional routes that an endpoint lacks answer 400/404/405/422/501; :func:`optional` turns exactly
-those into ``None``.
+those into ``None``, and so is a malformed answer to an optional probe (logged: the feature is then
+treated as missing). A malformed model listing is a :class:`~.errors.ResponseError`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .answers import first_choice, malformed, parse_tokens, top_entries
 from .errors import CapabilityError, EndpointError, ResponseError
-from .protocol import Call, EndpointState, Flow, chat_messages, parse_tokens, template_call, tokenize_call, top_entries
+from .protocol import Call, EndpointState, Flow, chat_messages, template_call, tokenize_call
 from .types import Capabilities
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,31 @@ def optional(call: Call) -> Flow[Any | None]:
 
 
 def capabilities(state: EndpointState) -> Flow[Capabilities]:
-    """``state.caps``, probed on first use."""
-    if state.caps is None:
+    """``state.caps``, probed on the endpoint's first use (a ranking's view finds what another probed)."""
+    endpoint = state.shared or state
+    if endpoint.caps is None:
         caps = yield from probe(state.model)
-        state.caps = state.caps or caps  # a concurrent first call may have probed too: keep one
+        endpoint.caps = endpoint.caps or caps  # a concurrent first call may have probed too: keep one
+    state.caps = endpoint.caps
     return state.caps
+
+
+def _readable(read: Any, *args: Any) -> Any:
+    """What ``read`` makes of an optional probe's answer, or ``None`` when that answer is malformed."""
+    try:
+        return read(*args)
+    except ResponseError as err:
+        log.info("probe: %s; treated as unsupported", err)
+        return None
+
+
+def _entries(choice: Any) -> list:
+    return _readable(top_entries, choice) or []
+
+
+def _count(value: Any) -> int | None:
+    """A positive integer an optional field reports (a context size, a slot count), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 @dataclass(frozen=True)
@@ -66,28 +88,31 @@ class ChatSupport:
 def probe(model: str | None = None) -> Flow[Capabilities]:
     """Probe the endpoint (see the module docstring)."""
     [listing] = yield [Call("GET", "models")]
-    entries = [m for m in (listing or {}).get("data", []) if isinstance(m, Mapping)]
+    data = listing.get("data") if isinstance(listing, Mapping) else None
+    if not isinstance(data, list) and model is None:
+        raise malformed("the /v1/models answer has no 'data' list (pass model=... to skip it)", listing)
+    entries = [m for m in data if isinstance(m, Mapping)] if isinstance(data, list) else []
     if model is None:
         if not entries:
             raise CapabilityError("the endpoint lists no models; pass model=...", missing="models")
-        model = str(entries[0].get("id"))
+        model = entries[0].get("id")
+        if not isinstance(model, str) or not model:
+            raise malformed("the first model listed has no 'id' (pass model=... to skip it)", listing)
     server = "llama.cpp" if any(m.get("owned_by") == "llamacpp" for m in entries) else ""
 
     tokenize = ""
     for kind in ("llamacpp", "vllm"):
         answer = yield from optional(tokenize_call(kind, model, "[10]"))
-        try:
-            parse_tokens(answer)
-        except ValueError:
-            continue
-        tokenize = kind
-        break
+        if answer is not None and _readable(parse_tokens, answer):
+            tokenize = kind
+            break
 
     props = (yield from optional(Call("GET", "/props", root=True))) if server == "llama.cpp" else None
     props = props if isinstance(props, Mapping) else {}
+    settings = props.get("default_generation_settings")
     mine = [m for m in entries if m.get("id") == model] or entries  # vLLM, OpenRouter and Together list the context
-    context = int((props.get("default_generation_settings") or {}).get("n_ctx") or 0) or next(
-        (m[k] for m in mine for k in ("max_model_len", "context_length") if isinstance(m.get(k), int)), None)
+    context = (_count(settings.get("n_ctx")) if isinstance(settings, Mapping) else None) or next(
+        (m[k] for m in mine for k in ("max_model_len", "context_length") if _count(m.get(k))), None)
 
     chat = yield from _probe_chat(model, 100 if server else 20)
     lists = (yield from _probe_completions(model, tokenize)) if chat.logprobs else Completions()
@@ -100,7 +125,7 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
         transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
         tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport) or text_lists,
         logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
-        slots=int(props.get("total_slots") or 0), text_completions=text, chat=chat.answers)
+        slots=_count(props.get("total_slots")) or 0, text_completions=text, chat=chat.answers)
     log.info("probed endpoint: %s", caps)
     return caps
 
@@ -136,8 +161,7 @@ def _probe_text_completions(model: str) -> Flow[tuple[int, bool]]:
         if answer is not None and _two_choices(answer, by_id=False):
             return k, True
         answer = yield from optional(Call("POST", "completions", {**body, "prompt": "A B C"}))
-        choices = answer.get("choices") if isinstance(answer, Mapping) else None
-        if isinstance(choices, list) and choices and top_entries(choices[0]):
+        if answer is not None and _entries(_readable(first_choice, answer)):
             return k, False
     return 0, False
 
@@ -174,7 +198,7 @@ def _probe_completions(model: str, tokenize: str) -> Flow[Completions]:
     wanted = sorted({ids[-1], ids[0]})
     answer = yield from optional(Call("POST", "completions", {**body, "logprobs": 1, "logprob_token_ids": wanted}))
     exact = _two_choices(answer, by_id=True) and all(
-        set(wanted) <= {e[0] for e in top_entries(c)} for c in answer["choices"])
+        set(wanted) <= {e[0] for e in _entries(c)} for c in answer["choices"])
     return Completions("token-completions", exact, (yield from _top_limit(model, ids)))
 
 
@@ -196,7 +220,7 @@ def _two_choices(answer: Any, *, by_id: bool) -> bool:
     choices = answer.get("choices") if isinstance(answer, Mapping) else None
     if not (isinstance(choices, list) and len(choices) == 2):
         return False
-    entries = [top_entries(c) for c in choices]
+    entries = [_entries(c) for c in choices]
     return all(entries) and (not by_id or all(e[0] is not None for es in entries for e in es))
 
 
@@ -216,7 +240,7 @@ def _probe_chat(model: str, top: int) -> Flow[ChatSupport]:
                 break
         if not isinstance(answer, Mapping):
             continue
-        entries = top_entries(answer["choices"][0]) if answer.get("choices") else []
+        entries = _entries(_readable(first_choice, answer))
         if not entries:
             return ChatSupport(answers=True)
         if max(entries, key=lambda e: e[2])[1].strip() == "Y":

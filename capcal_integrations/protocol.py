@@ -22,19 +22,27 @@ Endpoints that can do none of these (hosted chat APIs) are read through token *s
 (:mod:`.textlabels`): :func:`text_next_tokens` sends text prompts, rendered here, to a plain
 ``/v1/completions``; :func:`generate` asks for an ordinary chat completion with ``top_logprobs``.
 
-Both logprob shapes (``content`` lists, legacy ``top_logprobs`` dicts) are parsed; probing is :mod:`.probe`.
+Answers (both logprob shapes: ``content`` lists, legacy ``top_logprobs`` dicts) are read by :mod:`.answers`;
+probing is :mod:`.probe`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Generator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from .answers import Alternatives, Generated, completion_alternatives, first_choice, generated, parse_tokens, top_entries
+from .answers import choices_of as _choices
+from .answers import template_of as _template_of
+from .answers import usage_of as usage_of  # re-exported: the drivers' and earlier callers' name
+from .caches import RankingTemplates, TemplateCache
 from .errors import CapabilityError, ResponseError
-from .prompts import Messages, prompt_text
+from .prompts import Messages, declared_tokens, prompt_text
 from .slots import SlotPins
-from .types import Capabilities, Usage
+from .types import Capabilities
+from .untrusted import Prompt
 
 T = TypeVar("T")
 Token = tuple[int, str]  # (id, piece)
@@ -60,7 +68,7 @@ class Query:
     """Next-token log-probabilities wanted after ``messages`` and an assistant ``prefix``, given as
     the served model's tokens (so a transport can send ids, or their text)."""
 
-    messages: Messages
+    messages: Prompt  # the template with its untrusted spans kept apart (untrusted.Prompt)
     prefix: tuple[Token, ...]
     want: tuple[Token, ...]
     render: str = "chat"  # "chat": the server's chat template; else rendered here (prompts.prompt_text)
@@ -70,7 +78,7 @@ class Query:
         return "".join(piece for _, piece in self.prefix)
 
     @property
-    def prompt(self) -> tuple[Messages, str]:
+    def prompt(self) -> tuple[Prompt, str]:
         """What identifies the rendered prompt (the same messages in two formats are two prompts)."""
         return self.messages, self.render
 
@@ -79,14 +87,33 @@ class Query:
 class EndpointState:
     """What one (endpoint, model) is known to do, probed once, and what is cached about it across
     calls: the tokens of each identifier spelling, rendered chat templates and llama.cpp slot pins.
-    Shared by a reranker and its ``with_options`` copies."""
+    Shared by a reranker and its ``with_options`` copies.
+
+    Each ranking runs on :meth:`for_ranking`, a view that shares all of this but keeps its rendered
+    prompts to itself (:mod:`.caches`): they are dropped when the ranking ends, and at most
+    :data:`~.caches.TEMPLATE_CACHE_SIZE` entries outlive it in the endpoint's ``templates``."""
 
     model: str | None = None
     caps: Capabilities | None = None
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
-    templates: dict[tuple[Messages, str], Any] = field(default_factory=dict)  # rendered text, or token ids
+    templates: MutableMapping[Any, Any] = field(default_factory=TemplateCache)  # rendered skeletons, prompts as sent (text, ids)
+    declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
+    shared: EndpointState | None = field(default=None, repr=False, compare=False)  # a view's endpoint state
+
+    def for_ranking(self) -> EndpointState:
+        """A view for one ranking: the endpoint's state, with the ranking's own rendered prompts over
+        the endpoint's bounded template cache."""
+        endpoint = self.shared or self
+        return replace(endpoint, templates=RankingTemplates(endpoint.templates), shared=endpoint)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # what a view learns about the endpoint (the probed capabilities, ...) is the endpoint's
+        endpoint = self.__dict__.get("shared")
+        if endpoint is not None and name != "templates":
+            setattr(endpoint, name, value)
+        object.__setattr__(self, name, value)
 
 
 def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[str, str]]:
@@ -96,35 +123,15 @@ def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[st
     return out
 
 
-def usage_of(answer: Any) -> Usage:
-    """Token counts a server reported in one answer (zeros when it reported none)."""
-    usage = answer.get("usage") if isinstance(answer, Mapping) else None
-    if not isinstance(usage, Mapping):
-        return Usage(requests=1)
-    details = usage.get("prompt_tokens_details") or {}
-    return Usage(1, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                 int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0)
-
-
 # --------------------------------------------------------------------------- tokenizing
 
 
-def parse_tokens(answer: Any) -> list[Token]:
-    """``(id, piece)`` pairs from llama.cpp's or vLLM's ``/tokenize`` answer."""
-    tokens = answer.get("tokens") if isinstance(answer, Mapping) else None
-    if not isinstance(tokens, list):
-        raise ValueError(f"not a tokenize answer: {str(answer)[:200]}")
-    if tokens and isinstance(tokens[0], Mapping):  # llama.cpp with_pieces
-        return [(int(t["id"]), t["piece"] if isinstance(t["piece"], str) else bytes(t["piece"]).decode("utf-8", "replace"))
-                for t in tokens]
-    pieces = answer.get("token_strs") or [""] * len(tokens)
-    return [(int(t), str(s)) for t, s in zip(tokens, pieces)]
-
-
 def tokenize_call(kind: str, model: str, text: str) -> Call:
-    """The ``/tokenize`` request of a llama.cpp (``kind="llamacpp"``) or vLLM server, no special tokens."""
+    """The ``/tokenize`` request of a llama.cpp (``kind="llamacpp"``) or vLLM server, no special tokens
+    added; llama.cpp also parses none in the text (``parse_special``), vLLM has no such switch."""
     if kind == "llamacpp":
-        return Call("POST", "/tokenize", {"content": text, "with_pieces": True, "add_special": False}, root=True)
+        return Call("POST", "/tokenize", {"content": text, "with_pieces": True, "add_special": False,
+                                          "parse_special": False}, root=True)
     return Call("POST", "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False,
                                       "return_token_strs": True}, root=True)
 
@@ -159,33 +166,9 @@ def tokenize(caps: Capabilities, texts: Sequence[str], *, text: bool = False) ->
 # --------------------------------------------------------------------------- next-token log-probabilities
 
 
-def top_entries(choice: Any) -> list[tuple[int | None, str, float]]:
-    """``(id, piece, logprob)`` of the first generated position, from either logprob shape."""
-    lp = choice.get("logprobs") if isinstance(choice, Mapping) else None
-    if not isinstance(lp, Mapping):
-        return []
-    content = lp.get("content")
-    if isinstance(content, list) and content:
-        first = content[0]
-        return [(e.get("id"), str(e.get("token", "")), float(e["logprob"]))
-                for e in first.get("top_logprobs") or [] if e.get("logprob") is not None]
-    legacy = lp.get("top_logprobs")
-    if isinstance(legacy, list) and legacy and isinstance(legacy[0], Mapping):
-        return [(_token_id(str(piece)), str(piece), float(value)) for piece, value in legacy[0].items()
-                if value is not None]
-    return []
-
-
-def _token_id(key: str) -> int | None:
-    """vLLM's ``return_tokens_as_token_ids`` keys are ``"token_id:123"``.
-
-    >>> _token_id("token_id:508"), _token_id(" [")
-    (508, None)
-    """
-    return int(key[9:]) if key.startswith("token_id:") and key[9:].isdigit() else None
-
-
 def _match(entries: list[tuple[int | None, str, float]], want: Sequence[Token]) -> tuple[TokenLogprobs, float]:
+    """The wanted tokens among ``entries`` (not empty), by id where the server gave ids, else by text;
+    and the smallest logprob returned."""
     by_id = {i: v for i, _, v in entries if i is not None}
     by_piece: dict[str, float] = {}
     for _, piece, value in entries:
@@ -212,9 +195,9 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
                               "does not offer with prompt lists; use prompt='chat'", missing="completions prompt lists")
     elif caps.transport == "chat":
         answers = yield [Call("POST", "chat/completions", {
-            "model": caps.model, "messages": chat_messages(q.messages, q.text), "max_tokens": 1,
+            "model": caps.model, "messages": chat_messages(text_messages(state, q.messages), q.text), "max_tokens": 1,
             "temperature": 0, "logprobs": True, "top_logprobs": top, **caps.chat_extra}) for q in queries]
-        choices = [(a.get("choices") or [None])[0] for a in answers]
+        choices = [first_choice(a) for a in answers]
     else:
         raise CapabilityError(
             "the endpoint cannot continue a prefilled assistant message (and has no templated prompt lists), "
@@ -231,25 +214,18 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
 
 def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
     """One ``/v1/completions`` request per prompt with every prefix as a prompt list, the prefix as the
-    served model's token ids: llama.cpp gets the template as text (``/apply-template``) followed by
-    the ids, pinned to a slot; vLLM gets token ids only (the template from ``/tokenize`` with
-    ``messages``) and answers by token id. A prompt in a client-side format is rendered here
-    (:func:`~.prompts.prompt_text`), and tokenized by vLLM."""
+    served model's token ids, pinned to a llama.cpp slot. The prompt itself is :func:`sent_prompt`."""
     tokens = caps.transport == "token-completions"
-    missing = sorted({q.prompt for q in queries if q.prompt not in state.templates})
-    ask = [key for key in missing if tokens or key[1] == "chat"]
-    answers = (yield [template_call(caps.model, m, tokens=tokens) if style == "chat"
-                      else tokenize_call("vllm", caps.model, prompt_text(m, style)) for m, style in ask]) if ask else []
-    rendered = dict(zip(ask, answers))
-    for key in missing:
-        state.templates[key] = (_template_of(rendered[key], tokens) if key in rendered else prompt_text(*key))
-    groups: dict[tuple[Messages, str], list[int]] = {}
+    missing = [key for key in dict.fromkeys(q.prompt for q in queries) if key not in state.templates]
+    if missing:
+        yield from (_token_prompts if tokens else _mixed_prompts)(state, caps, missing)
+    groups: dict[tuple[Prompt, str], list[int]] = {}
     for i, q in enumerate(queries):
         groups.setdefault(q.prompt, []).append(i)
     calls = []
     for key, members in groups.items():
         template = state.templates[key]
-        prompts = [_prompt(template, queries[j].prefix, tokens) for j in members]
+        prompts = [[*template, *(i for i, _ in queries[j].prefix)] for j in members]
         body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0}
         if tokens:
             body["return_tokens_as_token_ids"] = True
@@ -270,22 +246,54 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     return choices
 
 
-def _choices(answer: Any, asked: int) -> list[Any]:
-    """The choices of a completions answer to ``asked`` prompts, in prompt order."""
-    got = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)) if isinstance(answer, Mapping) else []
-    if len(got) != asked:
-        raise ResponseError(f"asked for {asked} completions, got {len(got)}", body=answer)
-    return got
+def _mixed_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:
+    """llama.cpp: each prompt as a mixed prompt, the template's own text (which the server tokenizes, its
+    control tokens included) around the untrusted spans as token ids from ``/tokenize`` with
+    ``parse_special: false``, so that no passage or query text can become a control token. The template
+    is rendered with markers in place of the spans (``/apply-template``, or here for a client-side
+    format), once per shape: the rendered skeletons hold no user text."""
+    shapes = [s for s in dict.fromkeys((p.skeleton, style) for p, style in keys) if s not in state.templates]
+    served = [s for s in shapes if s[1] == "chat"]
+    answers = (yield [template_call(caps.model, skeleton, tokens=False) for skeleton, _ in served]) if served else []
+    for shape in shapes:
+        state.templates[shape] = (_template_of(answers[served.index(shape)], False) if shape in served
+                                  else prompt_text(*shape))
+    parts = {key: key[0].parts(state.templates[(key[0].skeleton, key[1])]) for key in keys}
+    declared = state.declared + declared_tokens(keys[0][1])
+    spelt = {key: [x if isinstance(x, str) else (key[0].spelling(x, declared),) for x in xs] for key, xs in parts.items()}
+    spellings = list(dict.fromkeys(x[0] for xs in spelt.values() for x in xs if isinstance(x, tuple)))
+    ids = dict(zip(spellings, (yield from tokenize(caps, spellings))))
+    for key, xs in spelt.items():  # the template's text as text, each span's text as its ids
+        state.templates[key] = [y for x in xs for y in ([x] if isinstance(x, str) else [i for i, _ in ids[x[0]]])]
 
 
-def _prompt(template: Any, prefix: tuple[Token, ...], tokens: bool) -> Any:
-    """One prompt of a list: the template's token ids and the prefix's (vLLM), or llama.cpp's mixed
-    prompt, the template's text then the prefix's ids (text alone when there is no prefix: llama.cpp
-    refuses a mixed prompt without ids)."""
-    ids = [i for i, _ in prefix]
-    if tokens:
-        return [*template, *ids]
-    return [template, *ids] if ids else template
+def _token_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:
+    """vLLM: each prompt as token ids, the chat template from ``/tokenize`` with ``messages`` (a client-side
+    format rendered here and tokenized). vLLM's tokenizer matches control tokens in any text it is given
+    and has no switch to stop it, so the spans go as neutralised text (:func:`text_messages`), against
+    the known families and the control tokens the served template shows (asked once, on a skeleton)."""
+    if not state.declared:
+        [shown] = yield [template_call(caps.model, keys[0][0].skeleton, tokens=True)]
+        strs = shown.get("token_strs") if isinstance(shown, Mapping) else None
+        state.declared = tuple(sorted({s for s in strs or () if isinstance(s, str) and _CONTROL_LIKE.fullmatch(s)}
+                                      )) or ("",)
+    texts = [(text_messages(state, p, style), style) for p, style in keys]
+    answers = yield [template_call(caps.model, m, tokens=True) if style == "chat"
+                     else tokenize_call("vllm", caps.model, prompt_text(m, style)) for m, style in texts]
+    for key, answer in zip(keys, answers):
+        state.templates[key] = list(_template_of(answer, True))
+
+
+#: A token string that looks like a control token (``<|im_end|>``, ``<start_of_turn>``, ``[INST]``).
+_CONTROL_LIKE = re.compile(r"<[|｜]?[^\s<>]{1,40}[|｜]?>|\[/?[A-Z_]{2,30}\]")
+
+
+def text_messages(state: EndpointState, prompt: Prompt, style: str = "chat") -> Messages:
+    """The one way untrusted text is sent as text (chat transports, vLLM, hosted APIs): each span
+    neutralised (:func:`~.untrusted.neutralise`) against the known families, the control tokens this
+    endpoint declared (``state.declared``) and, for a client-side format read from a model's
+    ``tokenizer_config.json``, the special tokens it declares."""
+    return prompt.text(state.declared + declared_tokens(style))
 
 
 def template_call(model: str, messages: Messages, *, tokens: bool) -> Call:
@@ -293,32 +301,12 @@ def template_call(model: str, messages: Messages, *, tokens: bool) -> Call:
     (llama.cpp's ``/apply-template``)."""
     if tokens:
         return Call("POST", "/tokenize", {"model": model, "messages": chat_messages(messages),
-                                          "add_generation_prompt": True, "add_special_tokens": False}, root=True)
+                                          "add_generation_prompt": True, "add_special_tokens": False,
+                                          "return_token_strs": True}, root=True)
     return Call("POST", "/apply-template", {"messages": chat_messages(messages)}, root=True)
 
 
-def _template_of(answer: Any, tokens: bool) -> Any:
-    """The rendered template: text (``/apply-template``) or token ids (vLLM's ``/tokenize``)."""
-    if tokens:
-        ids = answer.get("tokens") if isinstance(answer, Mapping) else None
-        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-            return tuple(ids)
-        raise ResponseError("malformed /tokenize answer for the chat template", body=answer)
-    prompt = answer.get("prompt") if isinstance(answer, Mapping) else None
-    if not isinstance(prompt, str):
-        raise ResponseError("malformed /apply-template answer", body=answer)
-    return prompt
-
-
 # --------------------------------------------------------------------------- token strings (no ids, no tokenizer)
-
-Alternatives = tuple[tuple[str, float], ...]  # (token text, logprob) at one position, best first
-Generated = tuple[tuple[str, Alternatives], ...]  # per generated position: the token chosen, its alternatives
-
-
-def _alternatives(entries: list[tuple[int | None, str, float]]) -> Alternatives:
-    return tuple(sorted(((piece, value) for _, piece, value in entries), key=lambda e: -e[1]))
-
 
 def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> Flow[list[Alternatives]]:
     """The top-``top`` next tokens after each text prompt, from a plain ``/v1/completions``
@@ -329,12 +317,8 @@ def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> 
     body = {"model": caps.model, "max_tokens": 1, "logprobs": min(top, caps.text_completions), "temperature": 0}
     groups = [list(prompts)] if caps.prompt_lists else [[p] for p in prompts]
     answers = yield [Call("POST", "completions", {**body, "prompt": g if caps.prompt_lists else g[0]}) for g in groups]
-    out: list[Alternatives] = []
-    for group, answer in zip(groups, answers):
-        out += [_alternatives(top_entries(c)) for c in _choices(answer, len(group))]
-    if not all(out):
-        raise ResponseError("a completion carries no top log-probabilities", body=answers)
-    return out
+    return [alternatives for group, answer in zip(groups, answers)
+            for alternatives in completion_alternatives(answer, len(group))]
 
 
 def generate(state: EndpointState, conversations: Sequence[Messages], *, max_tokens: int, top: int
@@ -346,20 +330,7 @@ def generate(state: EndpointState, conversations: Sequence[Messages], *, max_tok
     assert caps is not None, "probe the endpoint first"
     scored = {"logprobs": True, "top_logprobs": min(top, caps.max_top_logprobs)} if caps.logprobs else {}
     answers = yield [Call("POST", "chat/completions", {
-        "model": caps.model, "messages": chat_messages(m), "max_tokens": max_tokens, "temperature": 0, **scored})
+        "model": caps.model, "messages": chat_messages(text_messages(state, m)), "max_tokens": max_tokens,
+        "temperature": 0, **scored})
         for m in conversations]
-    out = []
-    for answer in answers:
-        choice = (answer.get("choices") or [None])[0] if isinstance(answer, Mapping) else None
-        if not caps.logprobs:
-            text = ((choice or {}).get("message") or {}).get("content") if isinstance(choice, Mapping) else None
-            if not isinstance(text, str):
-                raise ResponseError("the chat completion carries no answer", body=answer)
-            out.append(((text, ()),))
-            continue
-        content = ((choice or {}).get("logprobs") or {}).get("content") if isinstance(choice, Mapping) else None
-        if not isinstance(content, list) or not content:
-            raise ResponseError("the chat completion carries no per-token log-probabilities", body=answer)
-        out.append(tuple((str(pos.get("token", "")), _alternatives(top_entries({"logprobs": {"content": [pos]}})))
-                         for pos in content))
-    return out
+    return [generated(answer, caps.logprobs) for answer in answers]

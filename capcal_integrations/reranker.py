@@ -1,5 +1,6 @@
 """``CapCalReranker``: the public entry point. Each call is one :func:`~.strategies.rerank_flow` run
-by a driver; this module only holds configuration and the shared per-endpoint state."""
+by a driver, on its own view of the shared per-endpoint state (:meth:`~.protocol.EndpointState.for_ranking`);
+this module only holds configuration and that state."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any
 import openai
 
 from .client import Clients
-from .drivers import run_async, run_sync
+from .drivers import run_async, run_sync, together
+from .errors import InputError
 from .options import Options, option_docs
 from .probe import capabilities
 from .protocol import EndpointState
@@ -45,6 +47,8 @@ class CapCalReranker:
                  http_client: Any = None, async_http_client: Any = None, client: openai.OpenAI | None = None,
                  async_client: openai.AsyncOpenAI | None = None, **options: Any) -> None:
         self.options = Options().replace(**options)
+        if model is not None and not (isinstance(model, str) and model):
+            raise InputError(f"model must be a non-empty string or None (the first model listed), got {model!r}")
         self._clients = Clients(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
                                 default_headers=default_headers, default_query=default_query, http_client=http_client,
                                 async_http_client=async_http_client, client=client, async_client=async_client)
@@ -107,28 +111,37 @@ class CapCalReranker:
         """Rank ``passages`` (``str``, :class:`~.types.Document`, dicts with ``text`` or objects with
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
         permutation of ``range(len(passages))``."""
-        return _with_usage(*run_sync(rerank_flow(self._state, self.options, query, list(passages)), self.client))
+        return _with_usage(*run_sync(rerank_flow(self._state.for_ranking(), self.options, query, passages), self.client))
 
     async def arerank(self, query: str, passages: Sequence[Any]) -> Ranking:
         """Async :meth:`rerank`: the same flow, driven by the async client."""
         return await self._arerank(query, passages, self._limit())
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
-        flow = rerank_flow(self._state, self.options, query, list(passages))
+        flow = rerank_flow(self._state.for_ranking(), self.options, query, passages)
         return _with_usage(*await run_async(flow, self.async_client, limit))
 
     def rerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *, concurrency: int | None = None) -> list[Ranking]:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync
-        client); results in input order. The first error is raised."""
-        items = list(items)
+        client); results in input order. The first error (in input order) is raised once the lists being
+        ranked have finished; those not started yet are not started."""
+        items, concurrency = _pairs(items), _concurrency(concurrency)
         caps = self.capabilities()  # probe once, not once per thread
         workers = min(concurrency or self.options.concurrency, self._lists_at_once(caps))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(lambda qp: self.rerank(*qp), items))
+            futures = [pool.submit(self.rerank, query, passages) for query, passages in items]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
 
     async def arerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *,
                            concurrency: int | None = None) -> list[Ranking]:
-        """Async :meth:`rerank_many`: all queries' requests share one limit of ``concurrency`` in flight."""
+        """Async :meth:`rerank_many`: all queries' requests share one limit of ``concurrency`` in flight.
+        On the first error the other lists are cancelled, and it is raised once none is running."""
+        items, concurrency = _pairs(items), _concurrency(concurrency)
         limit = self._limit() if concurrency is None else asyncio.Semaphore(concurrency)
         gate = asyncio.Semaphore(self._lists_at_once(await self.acapabilities()))  # probe once, not once per query
 
@@ -136,7 +149,7 @@ class CapCalReranker:
             async with gate:
                 return await self._arerank(query, passages, limit)
 
-        return list(await asyncio.gather(*(one(q, p) for q, p in items)))
+        return await together([one(q, p) for q, p in items])
 
     def _lists_at_once(self, caps: Capabilities) -> int:
         """How many lists to rank at once. A llama.cpp server keeps one prompt per slot: with more live
@@ -152,6 +165,25 @@ class CapCalReranker:
 
 def _with_usage(ranking: Ranking, usage: Usage) -> Ranking:
     return replace(ranking, usage=usage)
+
+
+def _pairs(items: Any) -> list[tuple[Any, Any]]:
+    """``items`` as a list of ``(query, passages)`` pairs, or an :class:`~.errors.InputError` naming the bad one."""
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InputError(f"items must be an iterable of (query, passages) pairs, got {type(items).__name__}")
+    pairs = []
+    for i, item in enumerate(items):
+        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
+            raise InputError(f"items[{i}] must be a (query, passages) pair, got {type(item).__name__}")
+        pairs.append((item[0], item[1]))
+    return pairs
+
+
+def _concurrency(value: Any) -> int | None:
+    """``None`` (the reranker's option) or an integer >= 1: ``0`` hung ``arerank_many`` forever."""
+    if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise InputError(f"concurrency must be an integer >= 1 or None, got {value!r}")
+    return value
 
 
 CapCalReranker.__doc__ = (CapCalReranker.__doc__ or "").replace(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,9 @@ class SlotPins:
     A slot with one of our requests in flight is never given to another prompt, nor sent a second
     request: with more live prompts than slots (many concurrent queries), such a request goes
     unpinned and the server picks the slot (two requests queued on one slot once sent llama.cpp's
-    server into an endless loop here).
+    server into an endless loop here). ``rerank_many``'s threads share one :class:`SlotPins`, so
+    :meth:`pin` and :meth:`release` hold a lock: without it two threads could both see a slot free and
+    both take it.
 
     >>> pins = SlotPins()
     >>> real, empty = pins.pin("real", 2), pins.pin("empty", 2)
@@ -35,20 +38,23 @@ class SlotPins:
     used: dict[int, int] = field(default_factory=dict)  # slot -> tick of last use
     busy: set[int] = field(default_factory=set)  # slots with one of our requests in flight
     tick: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def pin(self, prompt: Any, slots: int) -> int | None:
         """The slot for ``prompt``, busy until :meth:`release`; ``None`` when none is free for it."""
-        self.tick += 1
-        slot = next((s for s, owner in self.owner.items() if owner == prompt), None)
-        if slot is None or slot in self.busy:
-            free = [s for s in range(slots) if s not in self.busy]
-            if not free:
-                return None
-            slot = min(free, key=lambda s: (self.used.get(s, 0), s))
-            self.owner[slot] = prompt
-        self.used[slot] = self.tick
-        self.busy.add(slot)
-        return slot
+        with self.lock:
+            self.tick += 1
+            slot = next((s for s, owner in self.owner.items() if owner == prompt), None)
+            if slot is None or slot in self.busy:
+                free = [s for s in range(slots) if s not in self.busy]
+                if not free:
+                    return None
+                slot = min(free, key=lambda s: (self.used.get(s, 0), s))
+                self.owner[slot] = prompt
+            self.used[slot] = self.tick
+            self.busy.add(slot)
+            return slot
 
     def release(self, slot: int | None) -> None:
-        self.busy.discard(slot)
+        with self.lock:
+            self.busy.discard(slot)

@@ -27,10 +27,12 @@ identifiers as the CapCal authors' code does (:func:`_prefix`, :func:`_label_pat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,24 +42,35 @@ from .labels import LabelScores, label_logprobs
 from .options import Options
 from .orders import borda, order_of_scores, rank_scores, windows
 from .probe import capabilities, route
-from .prompts import clean_passage, labels, passage_text, prompt_text, render
-from .protocol import EndpointState, Flow, Token, generate, tokenize
+from .prompts import clean_passage, labels, passage_text, prompt_text, render_prompt
+from .protocol import EndpointState, Flow, Token, generate, text_messages, tokenize
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Capabilities, Document, Ranking, Step, as_document
+from .untrusted import Prompt
 
 __all__ = ["rerank_flow", "parallel", "validated"]
 
 log = logging.getLogger("capcal_integrations")
 
 
-def validated(query: Any, passages: Sequence[Any]) -> tuple[str, list[Document]]:
-    """The stripped query and the passages as :class:`~.types.Document` s, or an :class:`~.errors.InputError`."""
+def validated(query: Any, passages: Any) -> tuple[str, list[Document]]:
+    """The stripped query and the passages as :class:`~.types.Document` s, or an :class:`~.errors.InputError`
+    naming the argument. ``passages`` is an ordered collection (a list, a tuple, a generator), not a
+    string (it would be ranked letter by letter), bytes, a mapping or a set (no order for the ranking's
+    indices to refer to)."""
     if not isinstance(query, str) or not query.strip():
-        raise InputError("query must be a non-empty string")
-    try:
-        return query.strip(), [as_document(p) for p in passages]
-    except TypeError as err:
-        raise InputError(str(err)) from err
+        raise InputError(f"query must be a non-empty string, got {type(query).__name__ if query else repr(query)}")
+    if isinstance(passages, (str, bytes, bytearray, Mapping, AbstractSet)) or not isinstance(passages, Iterable):
+        hint = "; a string would be ranked letter by letter: pass [text]" if isinstance(passages, str) else ""
+        raise InputError("passages must be a list of passages (str, Document, or dicts with 'text'), got "
+                         f"{type(passages).__name__}{hint}")
+    docs = []
+    for i, passage in enumerate(passages):
+        try:
+            docs.append(as_document(passage))
+        except TypeError as err:
+            raise InputError(f"passages[{i}]: {err}") from err
+    return query.strip(), docs
 
 
 def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Sequence[Any]) -> Flow[Ranking]:
@@ -68,17 +81,20 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
         return Ranking(tuple(range(n)), (1.0,) * n, opts.method)
     caps = yield from capabilities(state)
     opts = _resolve(state, caps, opts)
-    texts = yield from _fit(state, opts, query, docs)
+    query = clean_passage(query, None)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
+    texts, notes = yield from _fit(state, opts, query, docs)
     if opts.method != "psc":
-        return (yield from _sliding(state, opts, query, texts))
+        ranking = yield from _sliding(state, opts, query, texts)
+        return dataclasses.replace(ranking, notes=(*notes, *ranking.notes))
     rng = random.Random(opts.seed)
     shuffles = [rng.sample(range(n), n) for _ in range(opts.m)]
     vanilla = opts.replace(method="vanilla")
     runs = yield from parallel([_sliding(state, vanilla, query, [texts[i] for i in s]) for s in shuffles])
     order = borda([[s[i] for i in run.order] for s, run in zip(shuffles, runs)], n)
+    notes += [f"shuffle {k}: {note}" for k, run in enumerate(runs) for note in run.notes]
     # steps are left out: each run's steps index its own shuffled list
     return Ranking(tuple(order), rank_scores(order, [1.0] * n), "psc",
-                   upper_bounds=sum(run.upper_bounds for run in runs))
+                   upper_bounds=sum(run.upper_bounds for run in runs), notes=tuple(notes))
 
 
 def _resolve(state: EndpointState, caps: Capabilities, opts: Options) -> Options:
@@ -140,32 +156,60 @@ def parallel(flows: Sequence[Flow]) -> Flow[list]:
     return results
 
 
-def _fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Document]) -> Flow[list[str]]:
-    """Clean every passage and cut them so the widest window's prompt fits the context."""
+def _fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Document]) -> Flow[tuple[list[str], list[str]]]:
+    """Clean every passage and cut them so the widest window's prompt fits the context; and notes that
+    say what was cut. Passages are cut by characters (at a space where there is one near the cut), so
+    text without spaces (CJK, base64) is cut as well as prose."""
     caps = state.caps
     assert caps is not None
-    context = opts.max_context or caps.context or 4096
-    width = min(opts.window, len(docs))
+    n, context = len(docs), opts.max_context or caps.context or 4096
+    width = min(opts.window, n)
     budget = context - (6 * width + 64)  # room for the chat template and a full ranking
-    words = opts.max_passage_words
+    whole = [clean_passage(passage_text(d), None) for d in docs]
+    texts = [clean_passage(t, opts.max_passage_words) for t in whole] if opts.max_passage_words else list(whole)
+    notes = []
+    if cut := sum(a != b for a, b in zip(whole, texts)):
+        notes.append(f"{cut} of {n} passages cut to max_passage_words={opts.max_passage_words} words")
+    words_cut, ids, overhead = list(texts), labels(width, opts.labels), None
     for _ in range(8):
-        texts = [clean_passage(passage_text(d), words) for d in docs]
         longest = sorted(texts, key=len, reverse=True)[:width]
-        messages = render(opts.template, query, longest, labels(width, opts.labels))
-        whole = "\n".join(content for _, content in messages)
-        if caps.tokenize:
-            [tokens] = yield from tokenize(caps, [whole])
-            size = len(tokens)
-        else:
-            size = len(whole) // 3
+        size = yield from _size(caps, render_prompt(opts.template, query, longest, ids))
         if size <= budget:
-            return texts
-        longest_words = max(len(t.split()) for t in longest)
-        if longest_words <= 1:
+            if cut := sum(a != b for a, b in zip(words_cut, texts)):
+                notes.append(f"{cut} of {n} passages cut to {max(map(len, texts))} characters so that {width} fit the "
+                             f"{context}-token context")
+            return texts, notes
+        if overhead is None:
+            overhead = yield from _size(caps, render_prompt(opts.template, query, [""] * width, ids))
+        room = budget - overhead
+        if room < 4 * width:
             break
-        words = max(1, int(min(words or longest_words, longest_words) * budget / size * 0.9))
-    raise InputError(f"the query and {width} passages do not fit a {context}-token context even at one word per "
-                     "passage; shorten the query or lower window")
+        chars = int(room / max(size - overhead, 1) * sum(map(len, longest)) / width * 0.9)
+        texts = [_cut(t, chars) for t in texts]
+    raise InputError(f"the query and {width} passages do not fit a {context}-token context (the prompt without "
+                     f"passages takes {overhead} tokens); shorten the query, lower window or raise max_context")
+
+
+def _size(caps: Capabilities, prompt: Prompt) -> Flow[int]:
+    """The prompt's length in the served model's tokens (about a third of its characters without a tokenizer)."""
+    text = "\n".join(content for _, content in prompt.fill(prompt.spans))
+    if not caps.tokenize:
+        return len(text) // 3
+    [tokens] = yield from tokenize(caps, [text])
+    return len(tokens)
+
+
+def _cut(text: str, chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters, at the last space in the last fifth if there is one.
+
+    >>> _cut("one two three four", 9), _cut("一二三四五六", 4), _cut("short", 10)
+    ('one two', '一二三四', 'short')
+    """
+    if len(text) <= chars:
+        return text
+    head = text[:max(chars, 1)]
+    space = head.rfind(" ", int(chars * 0.8))
+    return (head[:space] if space > 0 else head).rstrip()
 
 
 def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) -> Flow[Ranking]:
@@ -258,7 +302,8 @@ def _label_scores(state: EndpointState, opts: Options, way: str, streams: Sequen
     if way == "text":
         prefix = "".join(_prefix_spellings(opts, chosen))
         texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
-        return (yield from text_label_logprobs(state, [prompt_text(m, opts.prompt) + prefix for m in streams], texts,
+        prompts = [prompt_text(text_messages(state, m, opts.prompt), opts.prompt) + prefix for m in streams]
+        return (yield from text_label_logprobs(state, prompts, texts,
                                                form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
     return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
 
@@ -279,10 +324,10 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
                  ) -> Flow[_Window]:
     n = len(texts)
     ids = labels(n, opts.labels)
-    real = render(opts.template, query, texts, ids)
-    empty = render(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
+    real = render_prompt(opts.template, query, texts, ids)
+    empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
     half = n // 2  # the guard's second reading: the same passages, rotated by half the window
-    rotated = render(opts.template, query, texts[half:] + texts[:half], ids) if (
+    rotated = render_prompt(opts.template, query, texts[half:] + texts[:half], ids) if (
         empty and opts.guard is not None and n >= 4) else None
     way = route(state.caps, opts.prompt)
     if way == "generation" and not first_only:

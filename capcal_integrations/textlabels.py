@@ -77,8 +77,9 @@ def _value(label: str, node: str, reads: Reads, labels: Sequence[str], form: str
     A node not read counts whole for the one label that passes through it (its closing ``]`` is not
     read: the trie form's factor 1). When several do (``[1`` of ``[1]`` and ``[10]``), the shortest of
     them (``[1]``, the node closed) is estimated by the node's probability, an upper bound; the others
-    by the floor of the read above (None here)."""
-    read = reads.get(node)
+    by the floor of the read above (None here). A read without alternatives tells nothing: it counts as
+    not read (else every label below it would be -inf, and their renormalisation NaN)."""
+    read = reads.get(node) or None
     sharing = [other for other in labels if other.startswith(node)]
     if read is None:
         if len(sharing) == 1:
@@ -177,6 +178,9 @@ def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messa
         if not reads:
             raise ResponseError(f"the model's answer names no identifier in its first {_ANSWER_TOKENS} tokens, so "
                                 f"there is no first-identifier distribution to read: {text!r}", body=text)
+        if not reads[""]:
+            raise ResponseError("the answer carries no top log-probabilities where its first identifier begins, so "
+                                f"there is no first-identifier distribution to read: {text!r}", body=text)
         out.append(score_texts(labels, reads, form="trie", strip=True))
     return out
 
@@ -185,7 +189,9 @@ def generated_label_logprobs(state: EndpointState, conversations: Sequence[Messa
 _ANSWER_TOKENS = 24
 
 
-_IDENTIFIER = re.compile(r"\[\s*([0-9]{1,3}|[A-Za-z])\s*\]")
+#: Exactly an identifier as the prompt spells it: ``[7]``, not ``[ 7 ]``, ``[7 ]`` or ``［7］`` (look-alikes a
+#: passage could have planted are cleaned from the prompt, and are not read from the answer either).
+_IDENTIFIER = re.compile(r"\[([0-9]{1,3}|[A-Za-z])\]")
 
 
 def parse_ranking(text: str, labels: Sequence[str]) -> tuple[list[int], int]:
@@ -195,6 +201,8 @@ def parse_ranking(text: str, labels: Sequence[str]) -> tuple[list[int], int]:
 
     >>> parse_ranking("[2] > [4] > [2] > [9] > [1]", ["[1]", "[2]", "[3]", "[4]"])
     ([1, 3, 0, 2], 1)
+    >>> parse_ranking("[ 3 ] > ［2］ > [4] > [1 ]", ["[1]", "[2]", "[3]", "[4]"])
+    ([3, 0, 1, 2], 3)
     """
     index = {label: i for i, label in enumerate(labels)}
     order = list(dict.fromkeys(index[f"[{m}]"] for m in _IDENTIFIER.findall(text) if f"[{m}]" in index))

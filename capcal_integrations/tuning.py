@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,10 +97,17 @@ class AlphaChoice:
 
 def _jobs(items: Iterable[tuple[str, Sequence[Any]]], shuffles: int, seed: int, size: int,
           ) -> list[tuple[int, list[int], str, list[Any]]]:
-    if shuffles < 2:
-        raise InputError(f"shuffles must be >= 2, got {shuffles}")
+    if not (isinstance(shuffles, int) and not isinstance(shuffles, bool) and shuffles >= 2):
+        raise InputError(f"shuffles must be an integer >= 2, got {shuffles!r}")
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InputError(f"items must be an iterable of (query, passages) pairs, got {type(items).__name__}")
     jobs = []
-    for i, (query, passages) in enumerate(items):
+    for i, item in enumerate(items):
+        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
+            raise InputError(f"items[{i}] must be a (query, passages) pair, got {type(item).__name__}")
+        query, passages = item
+        if isinstance(passages, (str, bytes, Mapping)) or not isinstance(passages, Iterable):
+            raise InputError(f"items[{i}]: passages must be a list of passages, got {type(passages).__name__}")
         passages = list(passages)[:size]
         if len(passages) < 2:
             raise InputError(f"sample {i} has {len(passages)} passage(s); tuning needs lists of at least 2")
@@ -135,8 +143,9 @@ def _choose(jobs: Sequence[tuple[int, list[int], str, list[Any]]], rankings: Seq
 
 def _prepare(reranker: CapCalReranker, items: Iterable[tuple[str, Sequence[Any]]], alphas: Sequence[float],
              shuffles: int, seed: int, form: str | None):
-    if not alphas or any(a < 0 for a in alphas):
-        raise InputError(f"alphas must be a non-empty sequence of numbers >= 0, got {alphas!r}")
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence) or not alphas or not all(
+            isinstance(a, numbers.Real) and not isinstance(a, bool) and math.isfinite(a) and a >= 0 for a in alphas):
+        raise InputError(f"alphas must be a non-empty sequence of finite numbers >= 0, got {alphas!r}")
     form = form or reranker.options.calibration
     probe = reranker.with_options(method="first-token-capcal", calibration=form, alpha=1.0, guard=None)
     return probe, _jobs(items, shuffles, seed, reranker.options.window), form

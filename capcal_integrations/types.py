@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import InputError
+
 __all__ = ["Document", "Step", "Usage", "Ranking", "Capabilities", "as_document"]
 
 
@@ -29,15 +31,21 @@ def as_document(item: object) -> Document:
     Document(text='t', id='7', title='T', metadata={})
     """
     if isinstance(item, Document):
+        if not isinstance(item.text, str) or not isinstance(item.title, (str, type(None))):
+            raise TypeError(f"Document text must be a string (and its title a string or None), got "
+                            f"{type(item.text).__name__} ({type(item.title).__name__} title)")
         return item
     if isinstance(item, str):
         return Document(item)
     if isinstance(item, Mapping):
         for key in ("text", "contents", "content", "page_content", "body", "passage", "segment"):
             if isinstance(item.get(key), str):
-                doc_id = item.get("docid", item.get("id"))
-                return Document(item[key], None if doc_id is None else str(doc_id), item.get("title"))
-        raise TypeError(f"mapping has no text field (looked for text/content/page_content/...): keys {sorted(item)}")
+                doc_id, title = item.get("docid", item.get("id")), item.get("title")
+                if not isinstance(title, (str, type(None))):
+                    raise TypeError(f"a passage's title must be a string or None, got {type(title).__name__}")
+                return Document(item[key], None if doc_id is None else str(doc_id), title)
+        raise TypeError(f"mapping has no text field (looked for text/content/page_content/...): keys "
+                        f"{sorted(map(str, item))[:10]}")
     for attr in ("text", "page_content", "content"):
         value = getattr(item, attr, None)
         if isinstance(value, str):
@@ -118,23 +126,33 @@ class Ranking:
     guarded: tuple[int, ...] = ()
 
     def top(self, k: int | None = None) -> tuple[int, ...]:
-        """The first ``k`` input indices of :attr:`order` (all when ``k`` is None)."""
+        """The first ``k`` input indices of :attr:`order` (all when ``k`` is None; ``k`` >= 0).
+
+        >>> Ranking((2, 0, 1), (0.3, 0.1, 0.9)).top(2)
+        (2, 0)
+        """
+        if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+            raise InputError(f"k must be an integer >= 0 or None, got {k!r}")
         return self.order if k is None else self.order[:k]
 
     def details(self) -> list[dict[str, Any]]:
-        """Per input passage, for tracing: its rank, and the numbers of the last decoding step it
-        took part in (``p`` real, ``q`` empty prompt, calibrated ``score``, ``alpha``).
+        """Per input passage, for tracing: its rank, whether its window was kept in its given order (the
+        guard: ``kept_given_order``, so its place is the first stage's, not the model's), and the numbers
+        of the last decoding step it took part in (``p`` real, ``q`` empty prompt, calibrated ``score``,
+        ``alpha``).
 
         >>> r = Ranking((1, 0), (0.25, 0.9), steps=(Step((0, 1), (0.4, 0.6), (0.7, 0.3), (0.2, 0.8), 2.0, 0.67, 1),))
-        >>> r.details()[1]
-        {'rank': 1, 'input_rank': 2, 'method': 'capcal', 'upper_bounds': 0, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
+        >>> r.details()[1]  # doctest: +NORMALIZE_WHITESPACE
+        {'rank': 1, 'input_rank': 2, 'method': 'capcal', 'upper_bounds': 0, 'kept_given_order': False,
+         'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
         """
         last = {i: (step, j) for step in self.steps for j, i in enumerate(step.candidates)}
+        kept = {i for step in self.steps if step.window in self.guarded for i in step.candidates}
         rank = {i: r for r, i in enumerate(self.order)}
         out = []
         for i in range(len(self.order)):
             d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": self.method,
-                                 "upper_bounds": self.upper_bounds}
+                                 "upper_bounds": self.upper_bounds, "kept_given_order": i in kept}
             if i in last:
                 step, j = last[i]
                 d.update(p=round(step.p[j], 4), q=None if step.q is None else round(step.q[j], 4),

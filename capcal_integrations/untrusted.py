@@ -9,7 +9,9 @@ shape), and the spans beside it. Two ways out, and only these two:
 
 * :meth:`Prompt.parts` (where the endpoint takes token ids: llama.cpp): the rendered skeleton split at
   the markers; each span is then tokenized as plain text (``/tokenize`` with ``parse_special: false``)
-  and sent as ids, so no text of its can become a control token, whatever the model family;
+  and sent as ids, so no text of its can become a control token, whatever the model family. llama.cpp
+  still matches a model's *user-defined* added tokens (Qwen 2.5's ``<tool_call>``, ``<think>``) in such
+  text, so the spans are :func:`neutralise`-d on this route too;
 * :meth:`Prompt.text` (where only text can be sent: hosted APIs, vLLM, chat prefill): every span
   :func:`neutralise`-d first, against the tokens the endpoint or the model's ``tokenizer_config.json``
   declares and a maintained list of known families (:data:`KNOWN_CONTROL`).
@@ -134,6 +136,12 @@ class Prompt:
             raise ValueError(f"the rendered template dropped untrusted spans {sorted(missing)}")
         return parts
 
-    def spelling(self, part: int) -> str:
-        """The text a span part stands for (with its leading space when it follows one)."""
-        return " " + self.spans[-1 - part] if part < 0 else self.spans[part]
+    def spelling(self, part: int, declared: Iterable[str] = ()) -> str:
+        """The text a span part stands for (with its leading space when it follows one), neutralised:
+        llama.cpp matches a model's *user-defined* added tokens even with ``parse_special`` off (Qwen 2.5's
+        ``<tool_call>``, ``<think>``), so ids alone do not defuse those.
+
+        >>> Prompt((), ("a <tool_call>",)).spelling(-1)
+        ' a ‹tool_call›'
+        """
+        return neutralise(" " + self.spans[-1 - part] if part < 0 else self.spans[part], declared)

@@ -20,16 +20,38 @@ import openai
 VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, ">": 29, "x": 87}
 VOCAB.update({str(d): 15 + d for d in range(10)})
 VOCAB.update({chr(65 + i): 100 + i for i in range(26)})
-PIECE = {v: k for k, v in VOCAB.items()}
+PIECE = {v: k for k, v in VOCAB.items()}  # the tokens next-token distributions range over
+#: Qwen's control tokens and ids: parsed from text unless ``parse_special`` is false, as llama.cpp does.
+SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+_OTHER = 1_000_000  # any other character is its own token, 1_000_000 + its code point (so prompts decode)
 
 
-def tokenize(text: str) -> list[tuple[int, str]]:
+def tokenize(text: str, *, parse_special: bool = True) -> list[tuple[int, str]]:
     out, i = [], 0
     while i < len(text):
-        piece = text[i:i + 2] if text[i:i + 2] in VOCAB else text[i]
-        out.append((VOCAB.get(piece, VOCAB["x"]), piece))
+        special = next((s for s in SPECIAL if text.startswith(s, i)), None) if parse_special else None
+        piece = special or (text[i:i + 2] if text[i:i + 2] in VOCAB else text[i])
+        out.append((SPECIAL.get(piece) or VOCAB.get(piece) or _OTHER + ord(piece), piece))
         i += len(piece)
     return out
+
+
+def piece_of(token: int) -> str:
+    return PIECE.get(token) or {v: k for k, v in SPECIAL.items()}.get(token) or chr(token - _OTHER)
+
+
+def decode(prompt) -> str:
+    """The text of a prompt as sent: a string, token ids, or llama.cpp's mixed list of both."""
+    if isinstance(prompt, str):
+        return prompt
+    return "".join(x if isinstance(x, str) else piece_of(x) for x in prompt)
+
+
+def split_prompt(prompt: list) -> tuple[str, str]:
+    """A llama.cpp mixed prompt as (the chat template's text, the assistant prefix after it): the prefix
+    is the token ids after the prompt's last text element."""
+    last = max(k for k, x in enumerate(prompt) if isinstance(x, str))
+    return decode(prompt[:last + 1]), decode(prompt[last + 1:])
 
 
 def distribution(prompt: str) -> list[tuple[int, float]]:
@@ -61,9 +83,10 @@ def vllm_completions(body: dict, max_logprobs: int) -> httpx2.Response:
     key = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: PIECE[t])
     choices = []
     for i, ids in enumerate(body["prompt"]):
-        dist = distribution("".join(PIECE.get(t, "x") for t in ids))
+        dist = distribution(decode(ids))
         wanted = body.get("logprob_token_ids")
-        shown = [(t, lp) for t, lp in dist if t in wanted] + dist[:1] if wanted else dist[:top]
+        known = dict(dist)  # vLLM returns any wanted id; ids outside the fake vocabulary are very unlikely
+        shown = [(t, known.get(t, -30.0)) for t in wanted] + dist[:1] if wanted else dist[:top]
         choices.append({"index": i, "text": PIECE[dist[0][0]], "logprobs": {
             "tokens": [key(dist[0][0])], "top_logprobs": [{key(t): lp for t, lp in shown}]}})
     return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
@@ -94,7 +117,8 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
         if path == "/props":
             return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}, "total_slots": slots})
         if path == "/tokenize":
-            return httpx2.Response(200, json={"tokens": [{"id": t, "piece": p} for t, p in tokenize(body["content"])]})
+            pieces = tokenize(body["content"], parse_special=body.get("parse_special", True))
+            return httpx2.Response(200, json={"tokens": [{"id": t, "piece": p} for t, p in pieces]})
         if path == "/apply-template":
             text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
             return httpx2.Response(200, json={"prompt": text})
@@ -106,7 +130,7 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
                     if not any(isinstance(x, int) for x in prompt):  # as llama.cpp: text alone is not a mixed prompt
                         message = '"prompt" elements must be a string, a list of tokens, ... or a list of mixed strings & tokens.'
                         return httpx2.Response(400, json={"error": {"code": 400, "message": message}})
-                    prompt = "".join(x if isinstance(x, str) else PIECE.get(x, "x") for x in prompt)
+                    prompt = decode(prompt)
                 lp = content_logprobs(prompt, body.get("logprobs") or 1)
                 if legacy:
                     top = lp["content"][0]["top_logprobs"]
@@ -133,14 +157,15 @@ def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> httpx2
         return httpx2.Response(404, json={"detail": "Not Found"})
     if path == "/tokenize" and "messages" in body:
         text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
-        return httpx2.Response(200, json={"tokens": [t for t, _ in tokenize(text)]})
+        pieces = tokenize(text)
+        return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
     if path == "/tokenize":
         if "prompt" not in body:  # llama.cpp's shape ({"content": ...}) is a validation error here
             return httpx2.Response(400, json={"error": {"message": "prompt: Field required", "code": 400}})
         pieces = tokenize(body["prompt"])
         return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
     if path == "/detokenize":
-        return httpx2.Response(200, json={"prompt": "".join(PIECE.get(t, "x") for t in body["tokens"])})
+        return httpx2.Response(200, json={"prompt": decode(body["tokens"])})
     if path == "/v1/completions" and body["prompt"] and isinstance(body["prompt"][0], list):
         return vllm_completions(body, max_logprobs)
     return None

@@ -25,7 +25,7 @@ from capcal_integrations import (
     InputError,
     ResponseError,
 )
-from tests.fake_endpoint import clients, make_handler, tokenize
+from tests.fake_endpoint import clients, decode, make_handler, tokenize
 
 
 def reranker(handler=None, **options):
@@ -180,7 +180,7 @@ def test_llamacpp_prompts_are_pinned_to_one_slot_each():
     for c in calls:
         body = json.loads(c.content or b"{}")
         if c.url.path == "/v1/completions" and isinstance(body.get("prompt"), list) and "id_slot" in body:
-            stream = "empty" if "placeholder passage" in body["prompt"][0][0] else "real"
+            stream = "empty" if "placeholder passage" in decode(body["prompt"][0]) else "real"
             slot_of.setdefault(stream, set()).add(body["id_slot"])
     assert set(slot_of) == {"real", "empty"}
     assert all(len(s) == 1 for s in slot_of.values())  # each stream stays in its slot across steps
@@ -199,7 +199,7 @@ def test_a_returning_empty_prompt_never_shares_a_slot_with_the_live_real_one():
         for c in calls:
             body = json.loads(c.content or b"{}")
             if c.url.path == "/v1/completions" and "id_slot" in body:
-                slots["empty" if "placeholder passage" in body["prompt"][0][0] else "real"].add(body["id_slot"])
+                slots["empty" if "placeholder passage" in decode(body["prompt"][0]) else "real"].add(body["id_slot"])
         assert len(slots["real"]) == len(slots["empty"]) == 1 and slots["real"] != slots["empty"], (shift, slots)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from capcal_integrations import CapCalReranker, InputError
 from capcal_integrations.options import Options
-from tests.fake_endpoint import PIECE, VOCAB, clients, make_handler
+from tests.fake_endpoint import clients, make_handler, split_prompt
 
 PASSAGES = [f"passage {i}" for i in range(12)]
 
@@ -48,12 +48,12 @@ def test_release_sends_the_raw_prompt_and_its_own_prefix():
     ranking = rr.rerank("q", PASSAGES)
     assert sorted(ranking.order) == list(range(12))
     assert not any(c.url.path == "/apply-template" for c in calls)  # no chat template
-    prompts = completion_prompts(calls)
-    texts = {p[0] for p in prompts}
+    prompts = [split_prompt(p) for p in completion_prompts(calls)]
+    texts = {t for t, _ in prompts}
     assert len(texts) == 2 and all(t.startswith("\n<|system|>\n") and t.endswith("\n<|assistant|>\n") for t in texts)
     assert any(t.count("This is a placeholder passage for bias testing\n") == 12 for t in texts)
     # the prefixes: "[" then per pick "<digits>]>[", then the release's second "[" before scoring
-    prefixes = {"".join(PIECE[t] for t in p[1:]) for p in prompts}
+    prefixes = {prefix for _, prefix in prompts}
     for k in range(len(ranking.steps)):
         chosen = "[" + "".join(f"{i + 1}]>[" for i in ranking.order[:k]) + "["
         assert chosen in prefixes, (k, chosen)
@@ -85,7 +85,7 @@ def test_the_guard_keeps_the_given_order_below_its_threshold_and_says_so(method)
     assert ranking.order == tuple(range(12)) and ranking.guarded == (0,) and len(ranking.agreement) == 1
     assert len(ranking.steps) == 1 and "no content signal" in ranking.notes[0]
     assert sorted(range(12), key=lambda i: -ranking.scores[i]) == list(ranking.order)
-    assert len({p[0] for p in completion_prompts(calls)}) == 3  # real, empty, and the rotated real prompt
+    assert len({split_prompt(p)[0] for p in completion_prompts(calls)}) == 3  # real, empty, and the rotated real one
 
 
 @pytest.mark.parametrize("method", ["capcal", "first-token-capcal"])
@@ -95,8 +95,9 @@ def test_above_its_threshold_the_guard_changes_nothing_but_one_prompt(method):
     plain = reranker(method=method, guard=None).rerank("q", PASSAGES)
     assert guarded.order == plain.order and guarded.guarded == () and plain.agreement == ()
     assert math.isfinite(guarded.agreement[0])
-    rotated = [p for p in completion_prompts(calls) if "passage 6" in p[0].split("passage 0")[0]]
-    assert rotated and not any(VOCAB[" >"] in p for p in rotated)  # asked at the first step only
+    prompts = [split_prompt(p) for p in completion_prompts(calls)]
+    rotated = [prefix for text, prefix in prompts if "passage 6" in text.split("passage 0")[0]]
+    assert rotated and not any(" >" in prefix for prefix in rotated)  # asked at the first step only
 
 
 def test_the_guard_leaves_uncalibrated_methods_alone():

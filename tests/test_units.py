@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from capcal_integrations import InputError, adaptive_alpha, borda, calibrate, calibrate_log, entropy, windows
+from capcal_integrations import InputError, ResponseError, adaptive_alpha, borda, calibrate, calibrate_log, entropy, windows
 from capcal_integrations.calibration import normalise_logprobs, shares
 from capcal_integrations.labels import label_trie
 from capcal_integrations.options import Options
@@ -149,7 +149,7 @@ def test_parse_both_logprob_shapes():
 def test_parse_tokens_llamacpp_and_vllm():
     assert parse_tokens({"tokens": [{"id": 58, "piece": "["}, {"id": 16, "piece": [49]}]}) == [(58, "["), (16, "1")]
     assert parse_tokens({"tokens": [58, 16], "token_strs": ["[", "1"]}) == [(58, "["), (16, "1")]
-    with pytest.raises(ValueError):
+    with pytest.raises(ResponseError):
         parse_tokens({"detail": "nope"})
 
 

@@ -9,7 +9,10 @@ library does on a hosted API runs here against a real model:
 
 * ``kind="chat"``: chat completions only;
 * ``kind="completions"``: also ``/v1/completions`` with text prompts (a string or a list of strings),
-  answered in the legacy logprobs shape (``tokens``, ``top_logprobs`` as ``{text: logprob}``).
+  answered in the legacy logprobs shape (``tokens``, ``top_logprobs`` as ``{text: logprob}``);
+* ``kind="chat-prefill"``: chat completions and the upstream's ``/tokenize``, in front of a server that
+  continues a final assistant message: an engine with chat prefill but no prompt lists, read by the
+  library's ``chat`` transport.
 
 Everything else is a 404. The gateway counts the requests it forwarded (:attr:`HostedGateway.requests`).
 """
@@ -26,7 +29,7 @@ import httpx2
 
 __all__ = ["HostedGateway", "KINDS", "MAX_TOP_LOGPROBS"]
 
-KINDS = ("chat", "completions")
+KINDS = ("chat", "completions", "chat-prefill")
 MAX_TOP_LOGPROBS = 20
 _CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
                 "seed", "logprobs", "top_logprobs", "stream", "presence_penalty", "frequency_penalty", "logit_bias",
@@ -82,6 +85,8 @@ class HostedGateway:
                 entry["owned_by"] = "organization-owner"  # not "llamacpp": a hosted API says nothing about its engine
                 entry.pop("meta", None)
             return status, listing
+        if self.kind == "chat-prefill" and method == "POST" and path == "/tokenize":
+            return self._forward("POST", path, body)
         routes = {"/v1/chat/completions": ("top_logprobs", _CHAT_PARAMS)}
         if self.kind == "completions":
             routes["/v1/completions"] = ("logprobs", _COMPLETION_PARAMS)
