@@ -173,14 +173,14 @@ def _fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Documen
     words_cut, ids, overhead = list(texts), labels(width, opts.labels), None
     for _ in range(8):
         longest = sorted(texts, key=len, reverse=True)[:width]
-        size = yield from _size(caps, render_prompt(opts.template, query, longest, ids))
+        size = yield from _size(state, opts, render_prompt(opts.template, query, longest, ids))
         if size <= budget:
             if cut := sum(a != b for a, b in zip(words_cut, texts)):
                 notes.append(f"{cut} of {n} passages cut to {max(map(len, texts))} characters so that {width} fit the "
                              f"{context}-token context")
             return texts, notes
         if overhead is None:
-            overhead = yield from _size(caps, render_prompt(opts.template, query, [""] * width, ids))
+            overhead = yield from _size(state, opts, render_prompt(opts.template, query, [""] * width, ids))
         room = budget - overhead
         if room < 4 * width:
             break
@@ -190,12 +190,13 @@ def _fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Documen
                      f"passages takes {overhead} tokens); shorten the query, lower window or raise max_context")
 
 
-def _size(caps: Capabilities, prompt: Prompt) -> Flow[int]:
-    """The prompt's length in the served model's tokens (about a third of its characters without a tokenizer)."""
-    text = "\n".join(content for _, content in prompt.fill(prompt.spans))
-    if not caps.tokenize:
+def _size(state: EndpointState, opts: Options, prompt: Prompt) -> Flow[int]:
+    """The prompt's length in the served model's tokens (about a third of its characters without a
+    tokenizer), measured on its text as text routes send it (neutralised)."""
+    text = "\n".join(content for _, content in text_messages(state, prompt, opts.prompt))
+    if not state.caps or not state.caps.tokenize:
         return len(text) // 3
-    [tokens] = yield from tokenize(caps, [text])
+    [tokens] = yield from tokenize(state.caps, [text])
     return len(tokens)
 
 
