@@ -108,3 +108,20 @@ def test_label_probabilities_match_a_brute_force_chained_computation(rr, vllm_ur
     prefix = ids[first.chosen] + " >"
     expected = _brute_force(root, rr.model, messages, prefix, [" " + ids[i] for i in second.candidates])
     assert second.p == pytest.approx(expected, abs=0.02)
+
+
+def test_untrusted_text_never_becomes_a_control_token_on_vllm(rr, sent):
+    # vLLM's tokenizer matches control tokens in any text it is given: the spans go neutralised, so the
+    # token-id prompts of a list full of chat markup hold as many control tokens (Qwen's ids from 151643)
+    # as those of a harmless list
+    from tests.test_injection import HARMLESS_QUERY, lists
+    from tests.test_injection import QUERY as INJECTED_QUERY
+
+    injected, harmless = lists()
+    counts = []
+    for query, passages in ((INJECTED_QUERY, injected), (HARMLESS_QUERY, harmless)):
+        sent.clear()
+        rr.with_options(method="first-token-capcal", guard=None).rerank(query, passages)
+        prompts = [p for r in sent if r.url.path.endswith("/completions") for p in json.loads(r.content)["prompt"]]
+        counts.append({sum(t >= 151643 for t in p) for p in prompts})
+    assert counts[0] == counts[1] and len(counts[0]) == 1, counts
