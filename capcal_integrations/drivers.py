@@ -22,6 +22,7 @@ import openai
 from .answers import excerpt, usage_of
 from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError
 from .protocol import Call, Flow
+from .routing import ListRoute
 from .types import Usage
 
 T = TypeVar("T")
@@ -59,21 +60,28 @@ def _checked(answer: Any, call: Call) -> Any:
     return answer
 
 
-def _send_sync(client: Any, call: Call) -> Any:
+def _request(call: Call, route: ListRoute | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The body and the ``openai`` request options of ``call``: the list's routing key on it, if any."""
+    return route.request(call) if route is not None else (dict(call.body or {}), {})
+
+
+def _send_sync(client: Any, call: Call, route: ListRoute | None = None) -> Any:
+    body, options = _request(call, route)
     try:
         if call.method == "GET":
-            return _checked(client.get(_url(client, call), cast_to=object), call)
-        return _checked(client.post(_url(client, call), cast_to=object, body=dict(call.body or {})), call)
+            return _checked(client.get(_url(client, call), cast_to=object, options=options), call)
+        return _checked(client.post(_url(client, call), cast_to=object, body=body, options=options), call)
     except (openai.OpenAIError, ValueError) as err:
         raise _typed(err, call) from err
 
 
-async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore) -> Any:
+async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore, route: ListRoute | None = None) -> Any:
+    body, options = _request(call, route)
     async with limit:
         try:
             if call.method == "GET":
-                return _checked(await client.get(_url(client, call), cast_to=object), call)
-            return _checked(await client.post(_url(client, call), cast_to=object, body=dict(call.body or {})), call)
+                return _checked(await client.get(_url(client, call), cast_to=object, options=options), call)
+            return _checked(await client.post(_url(client, call), cast_to=object, body=body, options=options), call)
         except (openai.OpenAIError, ValueError) as err:
             raise _typed(err, call) from err
 
@@ -114,13 +122,14 @@ class _Run:
             self.flow.close()
 
 
-def run_sync(flow: Flow[T], client: Any) -> tuple[T, Usage]:
-    """Drive ``flow`` with a sync ``openai.OpenAI`` client, one call after another."""
+def run_sync(flow: Flow[T], client: Any, route: ListRoute | None = None) -> tuple[T, Usage]:
+    """Drive ``flow`` with a sync ``openai.OpenAI`` client, one call after another; every call carries
+    ``route``'s key (:mod:`.routing`) when one is given."""
     run = _Run(flow)
     try:
         while run.calls is not None:
             try:
-                answers: list[Any] | EndpointError = [_send_sync(client, c) for c in run.calls]
+                answers: list[Any] | EndpointError = [_send_sync(client, c, route) for c in run.calls]
             except EndpointError as err:
                 answers = err
             run.send(answers)
@@ -129,7 +138,8 @@ def run_sync(flow: Flow[T], client: Any) -> tuple[T, Usage]:
     return run.result, run.usage
 
 
-async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore) -> tuple[T, Usage]:
+async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore, route: ListRoute | None = None
+                    ) -> tuple[T, Usage]:
     """Drive ``flow`` with an ``openai.AsyncOpenAI`` client; each batch's calls run concurrently
     (at most ``limit`` in flight, shared with other flows), and when one fails the others are cancelled
     and awaited before the error is thrown into the flow (see :func:`together`)."""
@@ -137,7 +147,8 @@ async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore) -> tup
     try:
         while run.calls is not None:
             try:
-                answers: list[Any] | EndpointError = await together([_send_async(client, c, limit) for c in run.calls])
+                answers: list[Any] | EndpointError = await together([_send_async(client, c, limit, route)
+                                                                     for c in run.calls])
             except EndpointError as err:
                 answers = err
             run.send(answers)

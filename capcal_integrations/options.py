@@ -28,6 +28,7 @@ from .prompts import (
     labels,
     resolve_template,
 )
+from .routing import check_header
 
 __all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 
@@ -171,6 +172,13 @@ class Options:
     top_logprobs: int = _option(20, "Top-k log-probabilities asked per request (missing labels are re-asked "
                                 "at the endpoint's maximum).", _int)
     concurrency: int = _option(8, "Requests in flight at once (async API and *_many).", _int)
+    routing_header: str | None = _option("X-Session-ID", "Header that carries a random key per list on every request "
+                                         "of the list (probe and /tokenize included), so that a router keeps the list "
+                                         "on one server (vllm-router's consistent_hash reads X-Session-ID; LiteLLM "
+                                         "x-litellm-session-id); None sends no key.", _optional_str)
+    routed: bool = _option(False, "True when base_url is a router or load balancer in front of more than one server: "
+                           "no llama.cpp slot pins, and llama.cpp prompts as token ids only (routers refuse its "
+                           "mixed text-and-ids prompts).", _bool)
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -204,6 +212,10 @@ class Options:
             raise InputError(f"template must be a template name or a PromptTemplate, got {self.template!r}")
         if not isinstance(self.normalise, bool):
             raise InputError(f"normalise must be True or False, got {self.normalise!r}")
+        if not isinstance(self.routed, bool):
+            raise InputError(f"routed must be True or False, got {self.routed!r}")
+        if self.routing_header is not None and (why := check_header(self.routing_header)):
+            raise InputError(why)
         if not (self.alpha == "adaptive" or (_finite(self.alpha) and self.alpha >= 0)):
             raise InputError(f"alpha must be 'adaptive' or a finite number >= 0, got {self.alpha!r}")
         if not (self.guard is None or _finite(self.guard)):

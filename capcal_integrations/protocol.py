@@ -29,7 +29,7 @@ probing is :mod:`.probe`.
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Mapping, MutableMapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -100,18 +100,19 @@ class EndpointState:
     declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
+    routed: bool = False  # a view's: requests may reach more than one server (Options.routed; see .routing)
     shared: EndpointState | None = field(default=None, repr=False, compare=False)  # a view's endpoint state
 
-    def for_ranking(self) -> EndpointState:
+    def for_ranking(self, routed: bool = False) -> EndpointState:
         """A view for one ranking: the endpoint's state, with the ranking's own rendered prompts over
-        the endpoint's bounded template cache."""
+        the endpoint's bounded template cache. ``routed``: no slot pins, llama.cpp prompts as ids only."""
         endpoint = self.shared or self
-        return replace(endpoint, templates=RankingTemplates(endpoint.templates), shared=endpoint)
+        return replace(endpoint, templates=RankingTemplates(endpoint.templates), routed=routed, shared=endpoint)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # what a view learns about the endpoint (the probed capabilities, ...) is the endpoint's
         endpoint = self.__dict__.get("shared")
-        if endpoint is not None and name != "templates":
+        if endpoint is not None and name not in ("templates", "routed"):
             setattr(endpoint, name, value)
         object.__setattr__(self, name, value)
 
@@ -214,24 +215,28 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
 
 def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
     """One ``/v1/completions`` request per prompt with every prefix as a prompt list, the prefix as the
-    served model's token ids, pinned to a llama.cpp slot. The prompt itself is :func:`sent_prompt`."""
+    served model's token ids, pinned to a llama.cpp slot (not when ``state.routed``: then llama.cpp's
+    prompts go as token ids only, :func:`_ids_only`). The prompt itself is :func:`sent_prompt`."""
     tokens = caps.transport == "token-completions"
     missing = [key for key in dict.fromkeys(q.prompt for q in queries) if key not in state.templates]
     if missing:
         yield from (_token_prompts if tokens else _mixed_prompts)(state, caps, missing)
+    ids_only = state.routed and not tokens
+    if ids_only:
+        yield from _ids_only(state, dict.fromkeys(q.prompt for q in queries))
     groups: dict[tuple[Prompt, str], list[int]] = {}
     for i, q in enumerate(queries):
         groups.setdefault(q.prompt, []).append(i)
     calls = []
     for key, members in groups.items():
-        template = state.templates[key]
+        template = state.templates[(_IDS, key) if ids_only else key]
         prompts = [[*template, *(i for i, _ in queries[j].prefix)] for j in members]
         body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0}
         if tokens:
             body["return_tokens_as_token_ids"] = True
             if caps.logprob_token_ids:  # exactly the wanted tokens, whatever their rank
                 body.update(logprobs=1, logprob_token_ids=sorted({i for j in members for i, _ in queries[j].want}))
-        if caps.slots > 1 and (slot := state.slots.pin(key, caps.slots)) is not None:
+        if caps.slots > 1 and not state.routed and (slot := state.slots.pin(key, caps.slots)) is not None:
             body["id_slot"] = slot
         calls.append(Call("POST", "completions", body))
     try:
@@ -265,6 +270,26 @@ def _mixed_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tupl
     ids = dict(zip(spellings, (yield from tokenize(caps, spellings))))
     for key, xs in spelt.items():  # the template's text as text, each span's text as its ids
         state.templates[key] = [y for x in xs for y in ([x] if isinstance(x, str) else [i for i, _ in ids[x[0]]])]
+
+
+_IDS = "ids only"  # the rendered-prompt cache's key of a llama.cpp prompt as token ids only: (_IDS, key)
+
+
+def _ids_only(state: EndpointState, keys: Iterable[tuple[Prompt, str]]) -> Flow[None]:
+    """llama.cpp's mixed prompts (:func:`_mixed_prompts`) as token ids only, for routers, which accept a
+    prompt as text or as ids but not both (vllm-router answers 422). Each piece of the template's own
+    text is tokenized as llama.cpp tokenizes it in a mixed prompt: control tokens parsed, special tokens
+    added (a BOS where the model has one) to the prompt's first piece only; the spans are ids already."""
+    todo = [key for key in keys if (_IDS, key) not in state.templates]
+    pieces = list(dict.fromkeys((x, j == 0) for key in todo for j, x in enumerate(state.templates[key])
+                                if isinstance(x, str)))
+    answers = (yield [Call("POST", "/tokenize", {"content": text, "with_pieces": True, "add_special": first,
+                                                 "parse_special": True}, root=True) for text, first in pieces]
+               ) if pieces else []
+    ids = {piece: [i for i, _ in parse_tokens(answer)] for piece, answer in zip(pieces, answers)}
+    for key in todo:
+        state.templates[(_IDS, key)] = [y for j, x in enumerate(state.templates[key])
+                                        for y in (ids[(x, j == 0)] if isinstance(x, str) else [x])]
 
 
 def _token_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:

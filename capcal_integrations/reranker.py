@@ -20,6 +20,7 @@ from .errors import InputError
 from .options import Options, option_docs
 from .probe import capabilities
 from .protocol import EndpointState
+from .routing import for_list
 from .strategies import rerank_flow
 from .types import Capabilities, Ranking, Usage
 
@@ -93,10 +94,11 @@ class CapCalReranker:
 
     def capabilities(self) -> Capabilities:
         """Probe the endpoint once (about seven small requests) and cache what it can do."""
-        return run_sync(capabilities(self._state), self.client)[0]
+        return run_sync(capabilities(self._state), self.client, for_list(self.options.routing_header))[0]
 
     async def acapabilities(self) -> Capabilities:
-        return (await run_async(capabilities(self._state), self.async_client, self._limit()))[0]
+        route = for_list(self.options.routing_header)
+        return (await run_async(capabilities(self._state), self.async_client, self._limit(), route))[0]
 
     def _limit(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -111,15 +113,18 @@ class CapCalReranker:
         """Rank ``passages`` (``str``, :class:`~.types.Document`, dicts with ``text`` or objects with
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
         permutation of ``range(len(passages))``."""
-        return _with_usage(*run_sync(rerank_flow(self._state.for_ranking(), self.options, query, passages), self.client))
+        state = self._state.for_ranking(self.options.routed)
+        route = for_list(self.options.routing_header, state)  # a new key per list: see .routing
+        return _with_usage(*run_sync(rerank_flow(state, self.options, query, passages), self.client, route))
 
     async def arerank(self, query: str, passages: Sequence[Any]) -> Ranking:
         """Async :meth:`rerank`: the same flow, driven by the async client."""
         return await self._arerank(query, passages, self._limit())
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
-        flow = rerank_flow(self._state.for_ranking(), self.options, query, passages)
-        return _with_usage(*await run_async(flow, self.async_client, limit))
+        state = self._state.for_ranking(self.options.routed)
+        flow = rerank_flow(state, self.options, query, passages)
+        return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state)))
 
     def rerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *, concurrency: int | None = None) -> list[Ranking]:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync
