@@ -277,19 +277,17 @@ _IDS = "ids only"  # the rendered-prompt cache's key of a llama.cpp prompt as to
 
 def _ids_only(state: EndpointState, keys: Iterable[tuple[Prompt, str]]) -> Flow[None]:
     """llama.cpp's mixed prompts (:func:`_mixed_prompts`) as token ids only, for routers, which accept a
-    prompt as text or as ids but not both (vllm-router answers 422). Each piece of the template's own
-    text is tokenized as llama.cpp tokenizes it in a mixed prompt: control tokens parsed, special tokens
-    added (a BOS where the model has one) to the prompt's first piece only; the spans are ids already."""
+    prompt as text or as ids but not both (vllm-router answers 422). llama.cpp's ``/tokenize`` takes the
+    same mixed list and tokenizes it with the same function as ``/v1/completions`` (its text with control
+    tokens parsed, special tokens added to a first text piece), so the ids are the ones it would run:
+    one request per prompt, once per ranking."""
     todo = [key for key in keys if (_IDS, key) not in state.templates]
-    pieces = list(dict.fromkeys((x, j == 0) for key in todo for j, x in enumerate(state.templates[key])
-                                if isinstance(x, str)))
-    answers = (yield [Call("POST", "/tokenize", {"content": text, "with_pieces": True, "add_special": first,
-                                                 "parse_special": True}, root=True) for text, first in pieces]
-               ) if pieces else []
-    ids = {piece: [i for i, _ in parse_tokens(answer)] for piece, answer in zip(pieces, answers)}
-    for key in todo:
-        state.templates[(_IDS, key)] = [y for j, x in enumerate(state.templates[key])
-                                        for y in (ids[(x, j == 0)] if isinstance(x, str) else [x])]
+    if not todo:
+        return
+    answers = yield [Call("POST", "/tokenize", {"content": list(state.templates[key]), "add_special": True,
+                                                "parse_special": True}, root=True) for key in todo]
+    for key, answer in zip(todo, answers):
+        state.templates[(_IDS, key)] = [i for i, _ in parse_tokens(answer)]
 
 
 def _token_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:

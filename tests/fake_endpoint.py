@@ -116,8 +116,10 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
             return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "llamacpp"}]})
         if path == "/props":
             return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}, "total_slots": slots})
-        if path == "/tokenize":
-            pieces = tokenize(body["content"], parse_special=body.get("parse_special", True))
+        if path == "/tokenize":  # as llama.cpp: text, or a mixed list of text and token ids
+            content = body["content"] if isinstance(body["content"], list) else [body["content"]]
+            pieces = [p for x in content for p in ([(x, piece_of(x))] if isinstance(x, int) else
+                                                   tokenize(x, parse_special=body.get("parse_special", True)))]
             return httpx2.Response(200, json={"tokens": [{"id": t, "piece": p} for t, p in pieces]})
         if path == "/apply-template":
             text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"

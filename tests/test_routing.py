@@ -135,7 +135,7 @@ def test_routed_sends_no_slot_pins_and_token_ids_only():
     assert ranking and all("id_slot" not in b for b in ranking)
     assert all(isinstance(x, int) for b in ranking for p in b["prompt"] for x in p)
     tokenized = [json.loads(c.content) for c in calls if c.url.path == "/tokenize"]
-    assert any(t.get("parse_special") is True for t in tokenized)  # the template's own text, control tokens parsed
+    assert any(isinstance(t["content"], list) and t["parse_special"] for t in tokenized)  # the mixed prompt, as ids
     direct = reranker(make_handler(slots=4), method="capcal").rerank(QUERY, PASSAGES)  # mixed prompts, pinned
     assert routed.order == direct.order and routed.scores == pytest.approx(direct.scores)
 
