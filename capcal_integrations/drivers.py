@@ -9,6 +9,12 @@ a JSON object, or whose ``usage`` is malformed, is a :class:`~.errors.ResponseEr
 Nothing is left running behind an error: when one request of an async batch fails, the others are
 cancelled and awaited before the error reaches the flow (whose ``finally`` then releases the slot pins
 of the batch), and a flow the driver leaves early (cancelled, or an error it does not catch) is closed.
+
+With a ``deadline`` (seconds, :mod:`.deadline`), each request is bounded by the time left (the sync driver
+sends it as the request's timeout; the async driver also cancels the batch), with the client's retries
+off; when it passes, the requests in flight are abandoned (their connections closed, which makes
+llama.cpp and vLLM stop them) and :class:`~.deadline.DeadlinePassed` is thrown into the flow, which
+returns what it has decided.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, TypeVar
 import openai
 
 from .answers import excerpt, usage_of
+from .deadline import Deadline, DeadlinePassed
 from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError
 from .protocol import Call, Flow
 from .routing import ListRoute
@@ -65,18 +72,27 @@ def _request(call: Call, route: ListRoute | None) -> tuple[dict[str, Any], dict[
     return route.request(call) if route is not None else (dict(call.body or {}), {})
 
 
-def _send_sync(client: Any, call: Call, route: ListRoute | None = None) -> Any:
+def _send_sync(client: Any, call: Call, route: ListRoute | None = None, deadline: Deadline | None = None) -> Any:
     body, options = _request(call, route)
+    if deadline is not None:  # the time left is the request's timeout; nothing is sent once it is gone
+        options = {**options, **deadline.request_options()}
     try:
         if call.method == "GET":
             return _checked(client.get(_url(client, call), cast_to=object, options=options), call)
         return _checked(client.post(_url(client, call), cast_to=object, body=body, options=options), call)
+    except openai.APITimeoutError as err:
+        if deadline is not None and deadline.left() <= 0:  # cut off by the deadline (the connection is closed)
+            raise DeadlinePassed(abandoned=1) from err
+        raise _typed(err, call) from err
     except (openai.OpenAIError, ValueError) as err:
         raise _typed(err, call) from err
 
 
-async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore, route: ListRoute | None = None) -> Any:
+async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore, route: ListRoute | None = None,
+                      deadline: Deadline | None = None) -> Any:
     body, options = _request(call, route)
+    if deadline is not None:  # bounded by the batch's cancellation (run_async), not by a timeout error
+        options = {**options, "max_retries": 0}
     async with limit:
         try:
             if call.method == "GET":
@@ -102,7 +118,12 @@ class _Run:
             self.result = stop.value
             return None
 
-    def send(self, answers: list[Any] | EndpointError) -> None:
+    def send(self, answers: list[Any] | EndpointError | DeadlinePassed) -> None:
+        if isinstance(answers, DeadlinePassed):  # the answers that came back count; the flow returns what it has
+            passed = answers
+            self.usage = sum((usage_of(a) for a in passed.answered), self.usage + Usage(requests=passed.abandoned))
+            self.calls = self._advance(lambda: self.flow.throw(passed))
+            return
         if not isinstance(answers, EndpointError):
             try:
                 usage = sum((usage_of(answer) for answer in answers), Usage())
@@ -122,34 +143,43 @@ class _Run:
             self.flow.close()
 
 
-def run_sync(flow: Flow[T], client: Any, route: ListRoute | None = None) -> tuple[T, Usage]:
+def run_sync(flow: Flow[T], client: Any, route: ListRoute | None = None, deadline: float | None = None
+             ) -> tuple[T, Usage]:
     """Drive ``flow`` with a sync ``openai.OpenAI`` client, one call after another; every call carries
-    ``route``'s key (:mod:`.routing`) when one is given."""
-    run = _Run(flow)
+    ``route``'s key (:mod:`.routing`) when one is given, and is bounded by the ``deadline`` if any."""
+    run, clock = _Run(flow), None if deadline is None else Deadline(deadline)
     try:
         while run.calls is not None:
+            answers: list[Any] | EndpointError | DeadlinePassed = []
             try:
-                answers: list[Any] | EndpointError = [_send_sync(client, c, route) for c in run.calls]
+                for c in run.calls:
+                    answers.append(_send_sync(client, c, route, clock))
             except EndpointError as err:
                 answers = err
+            except DeadlinePassed as passed:
+                answers = DeadlinePassed(answers, passed.abandoned)
             run.send(answers)
     finally:
         run.close()
     return run.result, run.usage
 
 
-async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore, route: ListRoute | None = None
-                    ) -> tuple[T, Usage]:
+async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore, route: ListRoute | None = None,
+                    deadline: float | None = None) -> tuple[T, Usage]:
     """Drive ``flow`` with an ``openai.AsyncOpenAI`` client; each batch's calls run concurrently
     (at most ``limit`` in flight, shared with other flows), and when one fails the others are cancelled
-    and awaited before the error is thrown into the flow (see :func:`together`)."""
-    run = _Run(flow)
+    and awaited before the error is thrown into the flow (see :func:`together`). With a ``deadline``, a
+    batch still running when it passes is cancelled the same way."""
+    run, clock = _Run(flow), None if deadline is None else Deadline(deadline)
     try:
         while run.calls is not None:
             try:
-                answers: list[Any] | EndpointError = await together([_send_async(client, c, limit, route)
-                                                                     for c in run.calls])
-            except EndpointError as err:
+                if clock is not None and clock.left() <= 0:
+                    raise DeadlinePassed()
+                answers: list[Any] | EndpointError | DeadlinePassed = await together(
+                    [_send_async(client, c, limit, route, clock) for c in run.calls],
+                    timeout=None if clock is None else clock.left())
+            except (EndpointError, DeadlinePassed) as err:
                 answers = err
             run.send(answers)
     finally:
@@ -157,16 +187,17 @@ async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore, route:
     return run.result, run.usage
 
 
-async def together(coroutines: list[Coroutine[Any, Any, T]]) -> list[T]:
+async def together(coroutines: list[Coroutine[Any, Any, T]], timeout: float | None = None) -> list[T]:
     """Run ``coroutines`` concurrently; their results in order. When one fails, the others are cancelled
     and awaited, then the first failure (in the order given) is raised: nothing is still running when
     the error reaches the caller (``asyncio.TaskGroup``'s semantics, which Python 3.10 lacks; a plain
-    ``asyncio.gather`` leaves the others running). The same when the caller is cancelled."""
+    ``asyncio.gather`` leaves the others running). The same when the caller is cancelled, and after
+    ``timeout`` seconds: then :class:`~.deadline.DeadlinePassed` carries the answers that came back."""
     tasks = [asyncio.ensure_future(c) for c in coroutines]
     if not tasks:
         return []
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
     finally:
         pending = [t for t in tasks if not t.done()]
         for task in pending:
@@ -179,4 +210,6 @@ async def together(coroutines: list[Coroutine[Any, Any, T]]) -> list[T]:
     failures = [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]
     if failures:
         raise failures[0].exception()
+    if len(done) < len(tasks):  # the timeout: what came back, and how many were abandoned
+        raise DeadlinePassed([t.result() for t in tasks if t in done], len(tasks) - len(done))
     return [t.result() for t in tasks]

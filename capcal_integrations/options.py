@@ -163,6 +163,16 @@ class Options:
                                "every branching token; cheaper).", choices=("joint", "trie"))
     window: int = _option(20, "Sliding-window size for long lists.", _int)
     stride: int = _option(10, "Sliding-window stride.", _int)
+    depth: int | None = _option(None, "Places to decode, best first (None: all). The passages below follow the last "
+                                "decoded step's scores and are marked undecoded (Ranking.decoded, details()); the "
+                                "first places are those of the full decoding. With a sliding window the top window "
+                                "decodes to the depth and lower windows only what they pass up; psc decodes each "
+                                "shuffle to it. The adapters default it to top_n.", _optional_int)
+    deadline: float | None = _option(None, "Seconds a ranking may take (None: no limit). When it passes, in-flight "
+                                     "requests are abandoned (their connections closed: the server stops them) and "
+                                     "the places decided so far are returned, the rest in first-stage order "
+                                     "(Ranking.partial, a note). The client's retries are off under a deadline.",
+                                     _optional_float)
     m: int = _option(5, "Shuffles for method='psc'.", _int)
     seed: int = _option(0, "Shuffle seed for method='psc'.", _int)
     max_passage_words: int | None = _option(300, "Words kept per passage before the token budget applies "
@@ -223,6 +233,10 @@ class Options:
         for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):
             if not _whole(getattr(self, name)):
                 raise InputError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if self.depth is not None and not (_whole(self.depth) and self.depth >= 1):
+            raise InputError(f"depth must be an integer >= 1 (places to decode), or None for all, got {self.depth!r}")
+        if self.deadline is not None and not (_finite(self.deadline) and self.deadline > 0):
+            raise InputError(f"deadline must be a finite number of seconds > 0, or None for no limit, got {self.deadline!r}")
         for name in ("max_passage_words", "max_context"):
             value = getattr(self, name)
             if value is not None and not (_whole(value) and value >= 1):

@@ -115,7 +115,8 @@ class CapCalReranker:
         permutation of ``range(len(passages))``."""
         state = self._state.for_ranking(self.options.routed)
         route = for_list(self.options.routing_header, state)  # a new key per list: see .routing
-        return _with_usage(*run_sync(rerank_flow(state, self.options, query, passages), self.client, route))
+        return _with_usage(*run_sync(rerank_flow(state, self.options, query, passages), self.client, route,
+                                     self.options.deadline))
 
     async def arerank(self, query: str, passages: Sequence[Any]) -> Ranking:
         """Async :meth:`rerank`: the same flow, driven by the async client."""
@@ -124,7 +125,8 @@ class CapCalReranker:
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
         state = self._state.for_ranking(self.options.routed)
         flow = rerank_flow(state, self.options, query, passages)
-        return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state)))
+        return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state),
+                                            self.options.deadline))
 
     def rerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *, concurrency: int | None = None) -> list[Ranking]:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync

@@ -37,10 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
+from .deadline import DeadlinePassed, deadline_note, finish, partial_order, within
+from .depth import below_depth, borda_decoded, decoded_places, depth_note, window_depths
 from .errors import CapabilityError, InputError
 from .labels import LabelScores, label_logprobs
 from .options import Options
-from .orders import borda, order_of_scores, rank_scores, windows
+from .orders import order_of_scores, rank_scores, windows
 from .probe import capabilities, route
 from .prompts import clean_passage, labels, passage_text, prompt_text, render_prompt
 from .protocol import EndpointState, Flow, Token, generate, text_messages, tokenize
@@ -79,22 +81,44 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
     n = len(docs)
     if n <= 1:
         return Ranking(tuple(range(n)), (1.0,) * n, opts.method)
+    return (yield from within(_ranked(state, opts, query, docs), n, opts.method, opts.deadline))
+
+
+def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document]) -> Flow[Ranking]:
+    n = len(docs)
     caps = yield from capabilities(state)
     opts = _resolve(state, caps, opts)
     query = clean_passage(query, None)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
     texts, notes = yield from _fit(state, opts, query, docs)
     if opts.method != "psc":
         ranking = yield from _sliding(state, opts, query, texts)
-        return dataclasses.replace(ranking, notes=(*notes, *ranking.notes))
+        how = "their given order" if route(caps, opts.prompt) == "generation" else "the last decoded step's scores"
+        return dataclasses.replace(ranking, notes=(*notes, *ranking.notes, *_cut_note(ranking, opts, how)))
     rng = random.Random(opts.seed)
     shuffles = [rng.sample(range(n), n) for _ in range(opts.m)]
     vanilla = opts.replace(method="vanilla")
     runs = yield from parallel([_sliding(state, vanilla, query, [texts[i] for i in s]) for s in shuffles])
-    order = borda([[s[i] for i in run.order] for s, run in zip(shuffles, runs)], n)
+    order = borda_decoded([[s[i] for i in run.order] for s, run in zip(shuffles, runs)], [r.decoded for r in runs], n)
     notes += [f"shuffle {k}: {note}" for k, run in enumerate(runs) for note in run.notes]
+    decoded, partial = decoded_places(n, opts.depth), any(run.partial for run in runs)
+    if partial:  # the deadline: the places every shuffle had decided are aggregated, the rest in first-stage order
+        decoded = min(n if run.decoded is None else run.decoded for run in runs)
+        order = partial_order(n, order[:decoded])
     # steps are left out: each run's steps index its own shuffled list
-    return Ranking(tuple(order), rank_scores(order, [1.0] * n), "psc",
-                   upper_bounds=sum(run.upper_bounds for run in runs), notes=tuple(notes))
+    ranking = Ranking(tuple(order), rank_scores(order, [1.0] * n), "psc", upper_bounds=sum(run.upper_bounds for run in runs),
+                      notes=tuple(notes), decoded=decoded, partial=partial)
+    how = "their Borda points over the shuffles' decoded places"
+    return dataclasses.replace(ranking, notes=(*ranking.notes, *_cut_note(ranking, opts, how)))
+
+
+def _cut_note(ranking: Ranking, opts: Options, how: str) -> tuple[str, ...]:
+    """The note of a ranking whose lower places were not decided: cut by the deadline, or below the depth."""
+    n = len(ranking.order)
+    if ranking.partial:
+        return (deadline_note(opts.deadline, ranking.decoded or 0, n),)
+    if ranking.decoded is not None and ranking.decoded == decoded_places(n, opts.depth):
+        return (depth_note(n, ranking.decoded, how),)
+    return ()
 
 
 def _resolve(state: EndpointState, caps: Capabilities, opts: Options) -> Options:
@@ -140,6 +164,10 @@ def parallel(flows: Sequence[Flow]) -> Flow[list]:
         batch = [call for _, calls in pending.values() for call in calls]
         try:
             answers = yield batch
+        except DeadlinePassed as passed:  # each flow returns what it has decided (.deadline)
+            for i, (flow, _) in pending.items():
+                results[i] = finish(flow, passed)
+            return results
         except BaseException:
             for flow, _ in pending.values():
                 flow.close()
@@ -219,9 +247,11 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     order, confidence = list(range(n)), [0.0] * n
     steps: list[Step] = []
     prior, bounds, agreement, guarded, notes = None, 0, [], [], []
+    depths = window_depths(n, opts.window, opts.stride, None if first_only else opts.depth)  # see .depth
+    decoded, partial = None if first_only else decoded_places(n, opts.depth), False
     for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
         members = order[start:end]
-        result = yield from _rank_window(state, opts, query, [texts[i] for i in members], first_only)
+        result = yield from _rank_window(state, opts, query, [texts[i] for i in members], first_only, depths[w])
         notes += [f"window {w}: {note}" for note in result.notes]
         if result.agreement is not None:
             agreement.append(result.agreement)
@@ -237,19 +267,27 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
                        members[s.chosen], w, s.upper_bounds) for s in result.steps]
         prior = prior or result.prior
         bounds += result.upper_bounds
+        if result.partial:  # the deadline passed in this window: the top places it decided, the rest as given
+            decided = order[:result.decoded] if start == 0 else []
+            order, decoded, partial = partial_order(n, decided), len(decided), True
+            break
+        if start == 0 and result.decoded is not None:  # a generated answer that left identifiers out
+            decoded = min(result.decoded, n if decoded is None else decoded)
+    for i in order[n if decoded is None else decoded:]:
+        confidence[i] = 0.0  # not decided
     if bounds and route(state.caps, opts.prompt) == "generation":
         notes.append(f"{bounds} identifier probabilities are estimates (counted in upper_bounds): the model's answer "
                      "did not pass through a token they share, or they were outside its top log-probabilities (a "
                      "tokenizer that splits numbers into digits shares '1' among [1] and [10]..[19]); window=9 "
                      "reads every identifier exactly on this endpoint")
     scores = rank_scores(order, confidence)
-    if first_only and n <= opts.window and not guarded:
+    if first_only and n <= opts.window and not guarded and not partial:
         by_input = [0.0] * n
         for i, v in zip(steps[0].candidates, steps[0].scores):
             by_input[i] = v
         scores = tuple(by_input)
     return Ranking(tuple(order), scores, opts.method, prior, tuple(steps), upper_bounds=bounds, notes=tuple(notes),
-                   agreement=tuple(agreement), guarded=tuple(guarded))
+                   agreement=tuple(agreement), guarded=tuple(guarded), decoded=decoded, partial=partial)
 
 
 #: What follows each chosen identifier in the assistant's ranking: ``[3] > [5] > [``.
@@ -319,10 +357,12 @@ class _Window:
     agreement: float | None = None  # the guard's z-score, when it ran
     guarded: bool = False  # kept in the given order: no content signal
     notes: tuple[str, ...] = ()
+    decoded: int | None = None  # leading places decided (None: all); below: .depth's order, or the deadline's
+    partial: bool = False  # the deadline passed: places from `decoded` on are as given
 
 
-def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool
-                 ) -> Flow[_Window]:
+def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool,
+                 depth: int | None = None) -> Flow[_Window]:
     n = len(texts)
     ids = labels(n, opts.labels)
     real = render_prompt(opts.template, query, texts, ids)
@@ -332,7 +372,7 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
         empty and opts.guard is not None and n >= 4) else None
     way = route(state.caps, opts.prompt)
     if way == "generation" and not first_only:
-        return (yield from _generated_window(state, real, ids))
+        return (yield from _generated_window(state, real, ids, depth))
     spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if way == "prefix" else []
     if spellings:
         text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
@@ -340,9 +380,13 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
             state.label_tokens[spelling] = tuple(tokens)
     remaining, chosen_labels = list(range(n)), []
     order, confidence, steps, prior, bounds, agreement = [], [0.0] * n, [], None, 0, None
-    while len(remaining) > 1:
+    while len(remaining) > 1 and (depth is None or len(order) < depth):
         streams = [real] + ([empty] if empty else []) + ([rotated] if rotated and not steps else [])
-        scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
+        try:
+            scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
+        except DeadlinePassed:  # what is decided so far (.deadline)
+            return _Window(order + remaining, confidence, steps, prior, bounds, agreement,
+                           decoded=len(order), partial=True)
         # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
         shares_of = [normalise_logprobs(x.logprobs) for x in scored]
         calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
@@ -367,20 +411,25 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
             return _Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement)
         confidence[remaining[best]] = share[best]
         order.append(remaining[best])
+        below = below_depth(remaining, s, remaining[best])  # the order below the depth, if decoding stops here
         chosen_labels.append(ids[remaining.pop(best)])
-    order += remaining
-    if remaining:
+    if len(remaining) == 1:
         confidence[remaining[0]] = 1.0
+    order += below if len(remaining) > 1 else remaining
     return _Window(order, confidence, steps, prior, bounds, agreement)
 
 
-def _generated_window(state: EndpointState, messages: Any, ids: Sequence[str]) -> Flow[_Window]:
-    """``vanilla`` where no prefix can be continued: the model's own answer, parsed."""
-    [answer] = yield from generate(state, [messages], max_tokens=6 * len(ids) + 16, top=1)
+def _generated_window(state: EndpointState, messages: Any, ids: Sequence[str], depth: int | None = None
+                      ) -> Flow[_Window]:
+    """``vanilla`` where no prefix can be continued: the model's own answer, parsed; with a ``depth``, an
+    answer long enough for that many identifiers. Identifiers it does not name are not decided places."""
+    wanted = len(ids) if depth is None else min(depth, len(ids))
+    [answer] = yield from generate(state, [messages], max_tokens=6 * wanted + 16, top=1)
     order, missing = parse_ranking("".join(token for token, _ in answer), ids)
+    named = len(ids) - missing
     notes = (f"the model's answer left out {missing} of {len(ids)} identifiers; they follow in their given order",
-             ) if missing else ()
-    return _Window(order, [0.0] * len(ids), [], None, 0, notes=notes)
+             ) if named < wanted else ()
+    return _Window(order, [0.0] * len(ids), [], None, 0, notes=notes, decoded=named if missing else None)
 
 
 def _raw(logprobs: Sequence[float]) -> list[float]:

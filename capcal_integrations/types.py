@@ -112,6 +112,11 @@ class Ranking:
     agreement between the calibrated first-step scores of the given and the half-rotated list;
     ``guarded``: the windows kept in their first-stage order because it was below the guard (each
     also has a note).
+    ``decoded``: how many leading places of ``order`` the method decided (``Options.depth``, a deadline,
+    or identifiers a generated answer left out); the places after them were *not* decided by the model
+    and say so in :meth:`details` and a note. ``None``: every place was decided.
+    ``partial``: the deadline (``Options.deadline``) passed first; the places after ``decoded`` are in
+    first-stage order (:mod:`.deadline`).
     """
 
     order: tuple[int, ...]
@@ -124,6 +129,8 @@ class Ranking:
     notes: tuple[str, ...] = ()
     agreement: tuple[float, ...] = ()
     guarded: tuple[int, ...] = ()
+    decoded: int | None = None
+    partial: bool = False
 
     def top(self, k: int | None = None) -> tuple[int, ...]:
         """The first ``k`` input indices of :attr:`order` (all when ``k`` is None; ``k`` >= 0).
@@ -137,14 +144,16 @@ class Ranking:
 
     def details(self) -> list[dict[str, Any]]:
         """Per input passage, for tracing: its rank, whether its window was kept in its given order (the
-        guard: ``kept_given_order``, so its place is the first stage's, not the model's), and the numbers
+        guard: ``kept_given_order``, so its place is the first stage's, not the model's), whether its place
+        was decided (``decoded``: False below the depth or after a deadline) and whether the deadline cut the
+        ranking (``partial``), and the numbers
         of the last decoding step it took part in (``p`` real, ``q`` empty prompt, calibrated ``score``,
         ``alpha``).
 
         >>> r = Ranking((1, 0), (0.25, 0.9), steps=(Step((0, 1), (0.4, 0.6), (0.7, 0.3), (0.2, 0.8), 2.0, 0.67, 1),))
         >>> r.details()[1]  # doctest: +NORMALIZE_WHITESPACE
         {'rank': 1, 'input_rank': 2, 'method': 'capcal', 'upper_bounds': 0, 'kept_given_order': False,
-         'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
+         'decoded': True, 'partial': False, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
         """
         last = {i: (step, j) for step in self.steps for j, i in enumerate(step.candidates)}
         kept = {i for step in self.steps if step.window in self.guarded for i in step.candidates}
@@ -152,7 +161,8 @@ class Ranking:
         out = []
         for i in range(len(self.order)):
             d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": self.method,
-                                 "upper_bounds": self.upper_bounds, "kept_given_order": i in kept}
+                                 "upper_bounds": self.upper_bounds, "kept_given_order": i in kept,
+                                 "decoded": self.decoded is None or rank[i] < self.decoded, "partial": self.partial}
             if i in last:
                 step, j = last[i]
                 d.update(p=round(step.p[j], 4), q=None if step.q is None else round(step.q[j], 4),

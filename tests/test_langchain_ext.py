@@ -156,7 +156,7 @@ async def test_single_document_is_copied_and_traced():
     assert given == before and out is not given and out.id == given.id
     assert out.metadata[RELEVANCE_SCORE_KEY] == compressor.last_ranking.scores[0] == 1.0
     assert out.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "auto", "upper_bounds": 0,
-                                                  "kept_given_order": False}
+                                                  "kept_given_order": False, "decoded": True, "partial": False}
     assert out.metadata["source"] == given.metadata["source"] and out.metadata["source"] is not given.metadata["source"]
     [run] = runs.capcal()
     assert run["inputs"]["query"] == QUERY and run["outputs"] == [out]

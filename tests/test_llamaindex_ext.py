@@ -189,7 +189,7 @@ def test_single_node_needs_no_model_and_is_copied(events):
     assert out.score == rerank.last_ranking.scores[0] == 1.0
     assert out.node.metadata[RETRIEVAL_SCORE_KEY] == 10.0
     assert out.node.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "auto", "upper_bounds": 0,
-                                                  "kept_given_order": False}
+                                                  "kept_given_order": False, "decoded": True, "partial": False}
     # the added keys stay out of the text the LLM and the embedder see
     assert out.node.get_content(MetadataMode.LLM) == given.node.get_content(MetadataMode.LLM)
     assert out.node.get_content(MetadataMode.EMBED) == given.node.get_content(MetadataMode.EMBED)
@@ -215,11 +215,12 @@ def test_passage_details_worked_example():
     r = Ranking((2, 0, 1), (0.6, 0.2, 0.9), steps=steps, upper_bounds=1)
     d = r.details()
     assert d[2] == {"rank": 1, "input_rank": 3, "method": "capcal", "upper_bounds": 1, "kept_given_order": False,
-                    "p": 0.5, "q": 0.3, "score": 0.6, "alpha": 1.0}
+                    "decoded": True, "partial": False, "p": 0.5, "q": 0.3, "score": 0.6, "alpha": 1.0}
     assert (d[0]["rank"], d[0]["p"], d[0]["alpha"]) == (2, 0.45, 0.5)
     assert (d[1]["rank"], d[1]["q"], d[1]["score"]) == (3, 0.8, 0.4)  # the leftover: its last step
     assert Ranking((1, 0), (0.5, 1.0), "psc").details()[0] == {
-        "rank": 2, "input_rank": 1, "method": "psc", "upper_bounds": 0, "kept_given_order": False}
+        "rank": 2, "input_rank": 1, "method": "psc", "upper_bounds": 0, "kept_given_order": False, "decoded": True,
+        "partial": False}
 
 
 # ---------------------------------------------------------------- e2e: a real query engine
