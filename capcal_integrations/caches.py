@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["TEMPLATE_CACHE_SIZE", "TemplateCache", "RankingTemplates"]
 
 #: Entries the endpoint-wide cache keeps once their rankings ended (skeletons, recent empty prompts).
-TEMPLATE_CACHE_SIZE = 64
+TEMPLATE_CACHE_SIZE = 16
 
 _MISSING = object()
 

@@ -135,14 +135,8 @@ class CapCalReranker:
         items, concurrency = _pairs(items), _concurrency(concurrency)
         caps = self.capabilities()  # probe once, not once per thread
         workers = min(concurrency or self.options.concurrency, self._lists_at_once(caps))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(self.rerank, query, passages) for query, passages in items]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        with ThreadPoolExecutor(max_workers=workers) as pool:  # map cancels the lists not started on an error
+            return list(pool.map(lambda qp: self.rerank(*qp), items))
 
     async def arerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *,
                            concurrency: int | None = None) -> list[Ranking]:

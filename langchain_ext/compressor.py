@@ -2,7 +2,11 @@
 
     from langchain_ext import CapCalRerank
     compressor = CapCalRerank(top_n=5, base_url="http://127.0.0.1:8080/v1")   # or reranker=CapCalReranker(...)
+    compressor = CapCalRerank.from_llm(ChatOpenAI(base_url=..., model=...), top_n=5)   # the chat model you have
     retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=bm25)
+
+Only the ``top_n`` places returned are decoded (``depth`` follows ``top_n`` unless set), and
+``deadline=1.5`` bounds a reranking's time (what is decided by then, the rest in retrieval order).
 
 It returns **new** ``Document`` objects, best first (copies: the caller's documents and their
 metadata are never touched), with two metadata entries:
@@ -12,10 +16,16 @@ metadata are never touched), with two metadata entries:
 * ``"capcal"`` (:data:`DETAILS_KEY`): how the document was placed: ``rank`` and ``input_rank``
   (1-based), ``method``, and from the last decoding step it took part in the real-prompt probability
   ``p``, the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts
-  label probabilities of the whole ranking that were upper bounds (endpoint top-k too small).
+  label probabilities of the whole ranking that were upper bounds (endpoint top-k too small); ``decoded``
+  (False for a place below the depth or after a deadline: not chosen by the model) and ``partial`` (the
+  deadline cut the ranking).
 
 Each call is traced as a chain run named ``"CapCalRerank"`` under the callbacks it is given (the
-retriever's child run in a ``ContextualCompressionRetriever``). :meth:`CapCalRerank.as_runnable` is the
+retriever's child run in a ``ContextualCompressionRetriever``). Inside it, the reranking's LLM requests show
+as one chat-model run named ``"capcal"`` whose end carries their cost where LangChain's usage tools look:
+``usage_metadata`` (input, output and cache-read tokens) on its message, and ``llm_output`` with
+``token_usage``, ``model_name`` and ``"capcal"`` (:func:`~capcal_integrations.adapter.rerank_summary`:
+method, requests, seconds, decoded places, partial, notes). :meth:`CapCalRerank.as_runnable` is the
 same reranking as a ``Runnable`` step for LCEL chains. The whole
 :class:`~capcal_integrations.Ranking` of the latest call is :attr:`CapCalRerank.last_ranking`.
 """
@@ -23,18 +33,21 @@ same reranking as a ``Runnable`` step for LCEL chains. The whole
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Sequence
 from typing import Any
 
 try:
-    from langchain_core.callbacks import Callbacks
+    from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun, Callbacks
     from langchain_core.documents import BaseDocumentCompressor, Document
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.outputs import ChatGeneration, LLMResult
     from langchain_core.runnables import RunnableLambda
 except ImportError as err:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
-from capcal_integrations import Ranking
-from capcal_integrations.adapter import RerankerSettings
+from capcal_integrations import CapCalReranker, Ranking
+from capcal_integrations.adapter import RerankerSettings, rerank_summary
 
 __all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY"]
 
@@ -70,17 +83,39 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
         >>> # chain = RunnablePassthrough.assign(context=compressor.as_runnable(query_key="question",
         >>> #                                                                   documents_key="context"))
         """
-        def rerank(inputs: dict[str, Any]) -> list[Document]:
+        def rerank(inputs: dict[str, Any], run_manager: CallbackManagerForChainRun) -> list[Document]:
             documents = list(inputs[documents_key])
             if not documents:
                 return []
-            return self._finish(documents, self.reranker.rerank(inputs[query_key], _texts(documents)))
+            reranker, query = self.reranker, inputs[query_key]
+            runs = run_manager.get_child().on_chat_model_start(*_usage_run(reranker, query, documents))
+            started = time.perf_counter()
+            try:
+                ranking = reranker.rerank(query, _texts(documents))
+            except BaseException as err:
+                for run in runs:
+                    run.on_llm_error(err)
+                raise
+            for run in runs:
+                run.on_llm_end(_usage_result(ranking, reranker, time.perf_counter() - started))
+            return self._finish(documents, ranking)
 
-        async def arerank(inputs: dict[str, Any]) -> list[Document]:
+        async def arerank(inputs: dict[str, Any], run_manager: AsyncCallbackManagerForChainRun) -> list[Document]:
             documents = list(inputs[documents_key])
             if not documents:
                 return []
-            return self._finish(documents, await self.reranker.arerank(inputs[query_key], _texts(documents)))
+            reranker, query = self.reranker, inputs[query_key]
+            runs = await run_manager.get_child().on_chat_model_start(*_usage_run(reranker, query, documents))
+            started = time.perf_counter()
+            try:
+                ranking = await reranker.arerank(query, _texts(documents))
+            except BaseException as err:
+                for run in runs:
+                    await run.on_llm_error(err)
+                raise
+            for run in runs:
+                await run.on_llm_end(_usage_result(ranking, reranker, time.perf_counter() - started))
+            return self._finish(documents, ranking)
 
         return RunnableLambda(rerank, afunc=arerank, name="CapCalRerank")
 
@@ -95,5 +130,26 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
 
 def _texts(documents: list[Document]) -> list[str]:
     return [d.page_content for d in documents]
+
+
+def _usage_run(reranker: CapCalReranker, query: str, documents: list[Document]) -> tuple[dict, list]:
+    """The start of the chat-model run that stands for the reranking's requests: its name and what it was asked."""
+    serialized = {"name": "capcal", "id": ["capcal_integrations", "CapCalReranker"]}
+    return serialized, [[HumanMessage(f"rerank {len(documents)} passages for: {query}")]]
+
+
+def _usage_result(ranking: Ranking, reranker: CapCalReranker, seconds: float) -> LLMResult:
+    """The end of that run: the order chosen (1-based input ranks) and what it cost, where LangChain's usage
+    callbacks and LangSmith read it (the message's ``usage_metadata``, ``llm_output["token_usage"]``)."""
+    summary, usage = rerank_summary(ranking, reranker.model, seconds), ranking.usage
+    tokens = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+              "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+              "input_token_details": {"cache_read": usage.cached_tokens}}
+    message = AIMessage(" > ".join(f"[{i + 1}]" for i in ranking.order), usage_metadata=tokens,
+                        response_metadata={"model_name": reranker.model or "", "capcal": summary})
+    return LLMResult(generations=[[ChatGeneration(message=message)]], llm_output={
+        "token_usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                        "total_tokens": usage.prompt_tokens + usage.completion_tokens},
+        "model_name": reranker.model or "", "capcal": summary})
 
 

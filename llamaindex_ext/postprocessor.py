@@ -2,7 +2,11 @@
 
     from llamaindex_ext import CapCalRerank
     rerank = CapCalRerank(top_n=5, base_url="http://127.0.0.1:8080/v1")   # or reranker=CapCalReranker(...)
+    rerank = CapCalRerank.from_llm(Settings.llm, top_n=5)                 # or the OpenAI / OpenAILike LLM you have
     engine = index.as_query_engine(similarity_top_k=20, node_postprocessors=[rerank])
+
+Only the ``top_n`` places returned are decoded (``depth`` follows ``top_n`` unless set), and
+``deadline=1.5`` bounds a reranking's time (what is decided by then, the rest in retrieval order).
 
 It returns **new** ``NodeWithScore`` objects, best first, whose ``score`` is the calibrated relevance
 (:attr:`capcal_integrations.Ranking.scores`). Each carries a deep copy of its node (the caller's
@@ -12,16 +16,22 @@ nodes are never touched) with two metadata entries, both hidden from the LLM and
 * ``"capcal"`` (:data:`DETAILS_KEY`): how the node was placed: ``rank`` and ``input_rank`` (1-based),
   ``method``, and from the last decoding step it took part in the real-prompt probability ``p``,
   the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts label
-  probabilities of the whole ranking that were upper bounds (endpoint top-k too small).
+  probabilities of the whole ranking that were upper bounds (endpoint top-k too small); ``decoded`` (False
+  for a place below the depth or after a deadline: not chosen by the model) and ``partial`` (the deadline
+  cut the ranking).
 
 The whole :class:`~capcal_integrations.Ranking` of the latest call (prior, every step, usage) is
 :attr:`CapCalRerank.last_ranking`. Events: ``ReRankStartEvent`` / ``ReRankEndEvent`` through the
 instrumentation dispatcher and a ``CBEventType.RERANKING`` callback event, as LlamaIndex's rerankers do.
+What the reranking cost rides on the end of both (:func:`~capcal_integrations.adapter.rerank_summary`: method,
+model, usage in requests and prompt/completion/cached tokens, seconds, decoded places, partial, notes): the
+``ReRankEndEvent``'s ``tags["capcal"]`` and the callback end payload's ``"capcal"`` entry.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 try:
@@ -37,7 +47,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import RerankerSettings
+from capcal_integrations.adapter import RerankerSettings, rerank_summary
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
@@ -66,7 +76,9 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
             return []
         reranker = self.reranker
         with self._event(nodes, query_bundle, reranker) as event:
-            return self._finish(nodes, reranker.rerank(query, self._texts(nodes)), event)
+            started = time.perf_counter()
+            ranking = reranker.rerank(query, self._texts(nodes))
+            return self._finish(nodes, ranking, event, reranker, time.perf_counter() - started)
 
     @dispatcher.span
     async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
@@ -76,7 +88,9 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
             return []
         reranker = self.reranker
         with self._event(nodes, query_bundle, reranker) as event:
-            return self._finish(nodes, await reranker.arerank(query, self._texts(nodes)), event)
+            started = time.perf_counter()
+            ranking = await reranker.arerank(query, self._texts(nodes))
+            return self._finish(nodes, ranking, event, reranker, time.perf_counter() - started)
 
     def _texts(self, nodes: list[NodeWithScore]) -> list[str]:
         return [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
@@ -89,15 +103,16 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
             EventPayload.NODES: nodes, EventPayload.MODEL_NAME: model_name,
             EventPayload.QUERY_STR: query_bundle.query_str, EventPayload.TOP_K: top_n})
 
-    def _finish(self, nodes: list[NodeWithScore], ranking: Ranking, event: Any) -> list[NodeWithScore]:
+    def _finish(self, nodes: list[NodeWithScore], ranking: Ranking, event: Any, reranker: CapCalReranker,
+                seconds: float) -> list[NodeWithScore]:
         self._last_ranking = ranking
         details = ranking.details()
         new_nodes = [NodeWithScore(node=_annotated_copy(nodes[i], details[i]), score=ranking.scores[i])
                      for i in ranking.top(self.top_n)]
-        event.on_end(payload={EventPayload.NODES: new_nodes})
-        dispatcher.event(ReRankEndEvent(nodes=new_nodes))
+        summary = rerank_summary(ranking, reranker.model, seconds)
+        event.on_end(payload={EventPayload.NODES: new_nodes, DETAILS_KEY: summary})
+        dispatcher.event(ReRankEndEvent(nodes=new_nodes, tags={DETAILS_KEY: summary}))
         return new_nodes
-
 
 
 def _query_of(query_bundle: QueryBundle | None) -> str:
