@@ -166,6 +166,8 @@ def _replacing(path: str) -> Iterator[TextIO]:
 def cmd_rerank(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.workers is not None or (args.base_url and "," in args.base_url):
+        return _rerank_batch(args)
     requests = _read_requests(args)
     sink = _replacing(args.output) if args.output else contextlib.nullcontext(sys.stdout)
     with sink as out, _endpoint(args) as found:
@@ -181,6 +183,21 @@ def cmd_rerank(args: argparse.Namespace) -> int:
                 record["qid"] = row["qid"]
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
+    return 0
+
+
+def _rerank_batch(args: argparse.Namespace) -> int:
+    """``--workers`` or several ``--base-url``: Ray workers, one endpoint each, appending to ``--output``
+    and skipping the lists it already holds (capcal_integrations/batch.py)."""
+    from .batch import rerank_batch
+
+    if not (args.input and args.input != "-" and args.output and args.base_url):
+        raise InputError("a batch run (--workers, or several --base-url) needs --input FILE, --output FILE "
+                         "(appended to; a stopped run resumes) and --base-url URL[,URL...]")
+    urls = [u.strip() for u in args.base_url.split(",") if u.strip()]
+    result = rerank_batch(args.input, args.output, endpoints=urls, workers=args.workers, api_key=args.api_key,
+                          model=args.model_name, top_n=args.top_n, **options_from_args(args))
+    _out(f"capcal: {result.ranked} lists ranked, {result.skipped} already in {result.output}", sys.stderr)
     return 0
 
 
@@ -313,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_options(p)
     p.add_argument("--output", help="write JSONL here instead of stdout")
     p.add_argument("--top-n", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None,
+                   help="batch on Ray: this many workers (default: one per --base-url; several comma-separated "
+                        "--base-url also start a batch), each bound to one endpoint; --output is appended to and a "
+                        "stopped run resumes where it stopped (needs the ray extra; behind a router: --routed true)")
     _add_method_options(p)
 
     p = sub.add_parser("tune", help="choose alpha without labels: the most shuffle-consistent strength (JSON out)")

@@ -1,0 +1,215 @@
+"""Batch reranking on Ray: many lists, sharded by query over workers, each bound to one endpoint.
+
+A calibrated ranking is a conversation of short requests with one endpoint (the probe, ``/tokenize``,
+one prompt list per decoding step), not one prompt and one generation per row, so Ray Data's LLM
+processors do not fit it. What fits is sharding by query: each worker is a Ray actor with its own
+:class:`~.CapCalReranker` bound to one endpoint (one of several base URLs, or one router URL:
+then pass ``routed=True``, and the routing key keeps each list on one replica, see :mod:`.routing`),
+and ranks its share of the lists a few at a time with ``arerank``.
+
+Results are written as they come, by the driver alone, one JSON line per list (a ``write`` of a whole
+line, flushed and synced), so a run that is stopped, however hard, leaves finished lines and at most
+one torn last line. Run again with the same output, it drops the torn line, skips every list the
+output already holds and ranks only the rest: none is ranked twice into the file, none is lost. A
+list that fails stops the run (its error is raised; nothing is turned into a score), and a new run
+resumes after the lists that finished.
+
+Ray is an optional extra (``pip install "capcal-integrations[ray]"``): this module imports it only
+when a run starts, and ``import capcal_integrations`` never imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, MissingExtra
+from .options import Options
+from .reranker import CapCalReranker
+from .types import Ranking
+
+__all__ = ["rerank_batch", "read_rows", "finished", "record", "BatchResult"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What a run did: lists ranked now, lists the output already held, and the output's path."""
+
+    ranked: int
+    skipped: int
+    output: Path
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The lists of a JSONL file, one ``{"query": ..., "passages": [...]}`` (``candidates`` also
+    accepted, an optional ``qid``) per non-empty line; each gets ``line``, its 0-based line number."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError as err:
+                    raise InputError(f"{path}:{number + 1}: not a JSON line ({err})") from None
+                rows.append(_checked_row(row, f"{path}:{number + 1}", number))
+    return rows
+
+
+def _checked_row(row: Any, where: str, line: int) -> dict[str, Any]:
+    if not isinstance(row, Mapping):
+        raise InputError(f"{where}: expected a JSON object with 'query' and 'passages'")
+    row = dict(row)
+    row.setdefault("passages", row.get("candidates"))
+    if not isinstance(row.get("query"), str) or not isinstance(row.get("passages"), (list, tuple)):
+        raise InputError(f"{where}: every list needs 'query' (text) and 'passages' (a list)")
+    row["passages"] = list(row["passages"])
+    row.setdefault("line", line)
+    return row
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, Any]:
+    """What identifies a list across runs: its ``qid`` when it has one, else its input line."""
+    return ("qid", row["qid"]) if "qid" in row else ("line", row["line"])
+
+
+def record(row: Mapping[str, Any], ranking: Ranking, top_n: int | None = None) -> dict[str, Any]:
+    """The output line of one list (the shape ``capcal rerank`` writes, plus ``line``)."""
+    ranked = [{"index": i, "score": ranking.scores[i], "passage": row["passages"][i]} for i in ranking.order]
+    out = {"query": row["query"], "method": ranking.method, "order": list(ranking.order),
+           "ranked": ranked[:top_n] if top_n else ranked, "requests": ranking.usage.requests,
+           "upper_bounds": ranking.upper_bounds, "line": row["line"]}
+    if "qid" in row:
+        out["qid"] = row["qid"]
+    return out
+
+
+def finished(output: str | os.PathLike[str]) -> set[tuple[str, Any]]:
+    """The lists ``output`` already holds. A torn last line (a run stopped mid-write) is cut off the
+    file, so that the next line starts clean; any other unreadable line is an :class:`InputError`."""
+    path = Path(output)
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        log.warning("batch: %s ends in a torn line (%d bytes): cut off, its list is ranked again", path, len(data) - end)
+        with open(path, "r+b") as f:
+            f.truncate(end)
+    done = set()
+    for number, line in enumerate(data[:end].decode("utf-8").splitlines()):
+        try:
+            row = json.loads(line)
+            done.add(("qid", row["qid"]) if "qid" in row else ("line", row["line"]))
+        except (ValueError, KeyError, TypeError):
+            raise InputError(f"{path}:{number + 1} is not a line this batch wrote; give another --output") from None
+    return done
+
+
+def _rows(source: Any) -> list[dict[str, Any]]:
+    """The lists of a JSONL path, a Ray Dataset (``iter_rows``) or an iterable of mappings, in order."""
+    if isinstance(source, (str, os.PathLike)):
+        return read_rows(source)
+    rows = source.iter_rows() if hasattr(source, "iter_rows") else source
+    return [_checked_row(row, f"row {k}", k) for k, row in enumerate(rows)]
+
+
+def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequence[str], workers: int | None = None,
+                 lists_per_worker: int = 2, api_key: str | None = None, model: str | None = None,
+                 top_n: int | None = None, progress: bool = True, **options: Any) -> BatchResult:
+    """Rank every list of ``source`` (a JSONL path, a Ray Dataset, or mappings with ``query`` and
+    ``passages``) into ``output`` (JSONL, appended to; see the module docstring for resuming).
+
+    ``endpoints``: base URLs; worker ``k`` talks to ``endpoints[k % len(endpoints)]``. ``workers``
+    (default one per endpoint) Ray actors rank ``lists_per_worker`` lists at a time each. ``options``
+    are ranking options (:class:`~.options.Options`). Uses the running Ray (``ray.init`` first to
+    choose the cluster or its size), else starts a local one."""
+    if isinstance(endpoints, str) or not endpoints or not all(isinstance(e, str) and e for e in endpoints):
+        raise InputError("endpoints must be a non-empty list of base URLs")
+    workers = len(endpoints) if workers is None else workers
+    if not (isinstance(workers, int) and workers >= 1 and isinstance(lists_per_worker, int) and lists_per_worker >= 1):
+        raise InputError(f"workers and lists_per_worker must be integers >= 1, got {workers} and {lists_per_worker}")
+    Options().replace(**options)  # checked here, before Ray starts
+    rows = _rows(source)
+    keys = [_key(row) for row in rows]
+    if len(set(keys)) < len(keys):
+        raise InputError("two lists share a qid (or a line): a resumed run could not tell them apart")
+    done = finished(output)
+    pending = [row for row, key in zip(rows, keys) if key not in done]
+    skipped = len(rows) - len(pending)
+    if skipped:
+        log.info("batch: %d of %d lists already in %s; ranking the other %d", skipped, len(rows), output, len(pending))
+    if pending:
+        _run(pending, Path(output), [endpoints[k % len(endpoints)] for k in range(workers)], lists_per_worker,
+             dict(api_key=api_key, model=model, **options), top_n, progress, total=len(rows), skipped=skipped)
+    return BatchResult(len(pending), skipped, Path(output))
+
+
+def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int, settings: dict[str, Any],
+         top_n: int | None, progress: bool, *, total: int, skipped: int) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise MissingExtra("ray", "ray") from None
+    from tqdm import tqdm
+
+    if not ray.is_initialized():
+        ray.init()
+    actors = [_worker_class(ray).remote(url, settings) for url in urls]
+    shards = [rows[k::len(actors)] for k in range(len(actors))]  # by query, round robin
+    flying: dict[Any, tuple[int, dict[str, Any]]] = {}
+
+    def submit(k: int) -> None:
+        if shards[k]:
+            row = shards[k].pop(0)
+            flying[actors[k].rank.remote(row["query"], row["passages"])] = (k, row)
+
+    try:
+        for k in range(len(actors)):
+            for _ in range(at_once):
+                submit(k)
+        with open(output, "a", encoding="utf-8") as out, tqdm(total=total, initial=skipped, unit="list",
+                                                               desc="capcal batch", disable=not progress) as bar:
+            while flying:
+                [ref], _ = ray.wait(list(flying), num_returns=1)
+                k, row = flying.pop(ref)
+                try:
+                    ranking = ray.get(ref)
+                except ray.exceptions.RayTaskError as err:
+                    raise (err.cause if isinstance(err.cause, BaseException) else err) from None
+                out.write(json.dumps(record(row, ranking, top_n), ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                bar.update()
+                submit(k)
+    finally:
+        for ref in flying:
+            ray.cancel(ref, force=True)
+        for actor in actors:
+            ray.kill(actor)
+
+
+_WORKER = None
+
+
+def _worker_class(ray: Any) -> Any:
+    """The Ray actor class (made once, after ``ray`` is imported): one reranker, one endpoint,
+    several lists at a time on one event loop. Workers are HTTP clients: they reserve no CPU."""
+    global _WORKER
+    if _WORKER is None:
+        @ray.remote(num_cpus=0, max_concurrency=64)
+        class Worker:
+            def __init__(self, base_url: str, settings: dict[str, Any]) -> None:
+                self.reranker = CapCalReranker(base_url=base_url, **settings)
+
+            async def rank(self, query: str, passages: Iterable[Any]) -> Ranking:
+                return await self.reranker.arerank(query, list(passages))
+
+        _WORKER = Worker
+    return _WORKER
