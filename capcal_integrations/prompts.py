@@ -160,8 +160,15 @@ def clean_passage(text: str, max_words: int | None) -> str:
     return _IDENTIFIER_LIKE.sub(r"(\1)", " ".join(words))
 
 
-def passage_text(doc: Document) -> str:
-    """Document text as RankGPT shows it (``Title: ... Content: ...`` when there is a title)."""
+def passage_text(doc: Document, style: str = "rankgpt") -> str:
+    """Document text as RankGPT shows it (``Title: ... Content: ...`` when there is a title), or as the
+    CapCal release's data loader does (``style="release"``: the title, a newline, the text).
+
+    >>> passage_text(Document("t", title="T")), passage_text(Document("t", title="T"), "release")
+    ('Title: T Content: t', 'T\\nt')
+    """
+    if style == "release":
+        return f"{doc.title}\n{doc.text}".strip() if doc.title else doc.text
     return f"Title: {doc.title} Content: {doc.text}" if doc.title else doc.text
 
 

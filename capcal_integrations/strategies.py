@@ -18,10 +18,11 @@ the first-token methods read the first identifier of the model's own answer (:mo
 
 Lists longer than ``window`` are ranked by a back-to-front sliding window (:func:`~.orders.windows`).
 
-The calibrated methods' no-harm guard (``Options.guard``) reads one more prompt at a window's first
-step, the same passages rotated by half the window, and keeps the window's given order when the
-calibrated scores of the two readings do not agree (:func:`~.calibration.content_agreement`): the
-model shows no content signal to calibrate. ``decoding="release"`` builds the prefixes and the
+Whether the calibrated methods calibrate at all is the content check's (``Options.guard="content"``,
+:mod:`.content_check`): decided once per model, prompt and placeholder from the first lists, each read a
+second time at its first step with its halves swapped; a model that shows no content signal keeps every
+list's given order. ``guard=<z>`` is the older per-list check (one more prompt per window, rotated by half,
+:func:`~.calibration.content_agreement`). ``decoding="release"`` builds the prefixes and the
 identifiers as the CapCal authors' code does (:func:`_prefix`, :func:`_label_path`).
 """
 
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
+from .content_check import Reading, check_of, halves_swapped
 from .deadline import DeadlinePassed, deadline_note, finish, partial_order, within
 from .depth import below_depth, borda_decoded, decoded_places, depth_note, window_depths
 from .errors import CapabilityError, InputError
@@ -48,7 +50,7 @@ from .prompts import clean_passage, labels, passage_text, prompt_text, render_pr
 from .protocol import EndpointState, Flow, Token, generate, text_messages, tokenize
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Capabilities, Document, Ranking, Step, as_document
-from .untrusted import Prompt
+from .untrusted import Prompt, clean_text
 
 __all__ = ["rerank_flow", "parallel", "validated"]
 
@@ -88,7 +90,7 @@ def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document
     n = len(docs)
     caps = yield from capabilities(state)
     opts = _resolve(state, caps, opts)
-    query = clean_passage(query, None)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
+    query = _cleaned(opts, query)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
     texts, notes = yield from _fit(state, opts, query, docs)
     if opts.method != "psc":
         ranking = yield from _sliding(state, opts, query, texts)
@@ -193,7 +195,7 @@ def _fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Documen
     n, context = len(docs), opts.max_context or caps.context or 4096
     width = min(opts.window, n)
     budget = context - (6 * width + 64)  # room for the chat template and a full ranking
-    whole = [clean_passage(passage_text(d), None) for d in docs]
+    whole = [_cleaned(opts, passage_text(d, "release" if opts.preset == "release" else "rankgpt")) for d in docs]
     texts = [clean_passage(t, opts.max_passage_words) for t in whole] if opts.max_passage_words else list(whole)
     notes = []
     if cut := sum(a != b for a, b in zip(whole, texts)):
@@ -216,6 +218,12 @@ def _fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Documen
         texts = [_cut(t, chars) for t in texts]
     raise InputError(f"the query and {width} passages do not fit a {context}-token context (the prompt without "
                      f"passages takes {overhead} tokens); shorten the query, lower window or raise max_context")
+
+
+def _cleaned(opts: Options, text: str) -> str:
+    """Untrusted text as the prompt shows it: :func:`~.prompts.clean_passage` d, or, for the ``release``
+    preset, as the authors' code sends it (only the characters of the library's span markers removed)."""
+    return clean_text(text) if opts.preset == "release" else clean_passage(text, None)
 
 
 def _size(state: EndpointState, opts: Options, prompt: Prompt) -> Flow[int]:
@@ -257,6 +265,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             agreement.append(result.agreement)
         if result.guarded:
             guarded.append(w)
+        if result.guarded and result.agreement is not None:  # the per-list guard (the content check notes its own)
             notes.append(f"window {w} kept in its given order: the calibrated first-step scores of the given and "
                          f"the rotated list agree at z = {result.agreement:.2f} < guard {opts.guard} (no content signal)")
             log.info("capcal: %s", notes[-1])
@@ -367,9 +376,16 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     ids = labels(n, opts.labels)
     real = render_prompt(opts.template, query, texts, ids)
     empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
-    half = n // 2  # the guard's second reading: the same passages, rotated by half the window
-    rotated = render_prompt(opts.template, query, texts[half:] + texts[:half], ids) if (
-        empty and opts.guard is not None and n >= 4) else None
+    check = check_of(state, opts) if empty else None  # the content check (guard="content")
+    verdict = check.verdict(first_only) if check else None  # final once decided
+    if verdict is not None and not verdict.reads:
+        return _Window(list(range(n)), [0.0] * n, [], None, 0, guarded=True, notes=(verdict.note,))
+    per_list = bool(empty) and opts.guard not in (None, "content") and n >= 4  # the older per-list guard
+    pool = bool(check) and not verdict and n >= 4  # a list that helps decide
+    half = n // 2  # the second reading: rotated by half (per-list guard), or halves swapped (content check)
+    second = texts[half:] + texts[:half] if per_list else [texts[i] for i in halves_swapped(n)] if pool else None
+    rotated = render_prompt(opts.template, query, second, ids) if second else None
+    notes = [verdict.note] if verdict else []
     way = route(state.caps, opts.prompt)
     if way == "generation" and not first_only:
         return (yield from _generated_window(state, real, ids, depth))
@@ -385,8 +401,12 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
         try:
             scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
         except DeadlinePassed:  # what is decided so far (.deadline)
-            return _Window(order + remaining, confidence, steps, prior, bounds, agreement,
+            return _Window(order + remaining, confidence, steps, prior, bounds, agreement, notes=tuple(notes),
                            decoded=len(order), partial=True)
+        if pool and not steps:  # pool this list's two readings; provisional until enough lists
+            verdict = check.add(Reading(scored[0].logprobs, scored[2].logprobs, scored[1].logprobs), opts.calibration,
+                                first_only)
+            notes.append(verdict.note)
         # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
         shares_of = [normalise_logprobs(x.logprobs) for x in scored]
         calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
@@ -394,7 +414,8 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
         q = calibrate_on[1] if empty else None
         alpha, s = 0.0, p
         if q is not None:
-            alpha = adaptive_alpha(shares_p) if opts.alpha == "adaptive" else float(opts.alpha)
+            alpha = (adaptive_alpha(shares_p) if opts.alpha == "adaptive" else float(opts.alpha) if opts.alpha != "auto"
+                     else verdict.alpha if verdict and verdict.alpha is not None else 1.0)
             s = calibrated(p, q, alpha, opts.calibration)
             prior = prior or tuple(shares_of[1])
         bounds += sum(x.upper_bounds for x in scored)
@@ -403,12 +424,14 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
         best = ranked[0]
         steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
                           upper_bounds=bounds))
-        if rotated and len(steps) == 1:
+        if per_list and len(steps) == 1:
             agreement = content_agreement(shares_p, shares_of[2], prior, half)
             if agreement < opts.guard:
                 return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
+        if verdict and not verdict.reads:
+            return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, guarded=True, notes=tuple(notes))
         if first_only:
-            return _Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement)
+            return _Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement, notes=tuple(notes))
         confidence[remaining[best]] = share[best]
         order.append(remaining[best])
         below = below_depth(remaining, s, remaining[best])  # the order below the depth, if decoding stops here
@@ -416,7 +439,7 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     if len(remaining) == 1:
         confidence[remaining[0]] = 1.0
     order += below if len(remaining) > 1 else remaining
-    return _Window(order, confidence, steps, prior, bounds, agreement)
+    return _Window(order, confidence, steps, prior, bounds, agreement, notes=tuple(notes))
 
 
 def _generated_window(state: EndpointState, messages: Any, ids: Sequence[str], depth: int | None = None

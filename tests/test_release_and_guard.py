@@ -103,3 +103,17 @@ def test_above_its_threshold_the_guard_changes_nothing_but_one_prompt(method):
 def test_the_guard_leaves_uncalibrated_methods_alone():
     ranking = reranker(method="vanilla", guard=1e9).rerank("q", PASSAGES)
     assert ranking.agreement == () and ranking.guarded == ()
+
+
+def test_release_sends_passages_as_the_authors_code_does():
+    # the release's data loader sends the passage text as it is (title, newline, text); the library's
+    # default cleans identifier look-alikes and whitespace
+    calls = []
+    passages = ["see  [3] first", {"title": "T", "text": "body [12]"}, "plain"]
+    reranker(calls, preset="release", method="first-token").rerank("q", passages)
+    spans = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
+    assert " see  [3] first" in spans and " T\nbody [12]" in spans
+    calls.clear()
+    reranker(calls, method="first-token").rerank("q", passages)
+    spans = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
+    assert " see (3) first" in spans and " Title: T Content: body (12)" in spans
