@@ -173,6 +173,24 @@ def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> httpx2
     return None
 
 
+def hosted(answer: Callable[[], dict], *, completions: bool = False, owner: str = "openai"):
+    """A ``fault`` for :func:`make_handler` that makes it a hosted API: no tokenizer, templates or props
+    (and no ``/v1/completions`` unless ``completions``), one model owned by ``owner``, and ``answer()``
+    as every chat completion's JSON."""
+    blocked = {"/tokenize", "/apply-template", "/props", "/detokenize"} | (set() if completions else {"/v1/completions"})
+
+    def fault(request: httpx2.Request) -> httpx2.Response | None:
+        if request.url.path in blocked:
+            return httpx2.Response(404, json={"error": "not found"})
+        if request.url.path == "/v1/models":
+            return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": owner}]})
+        if request.url.path == "/v1/chat/completions":
+            return httpx2.Response(200, json=answer())
+        return None
+
+    return fault
+
+
 def clients(handler, *, max_retries: int = 0) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
     """A sync and an async openai client whose transport is ``handler``."""
 

@@ -32,7 +32,7 @@ from capcal_integrations.protocol import (
     top_entries,
     usage_of,
 )
-from tests.fake_endpoint import clients, make_handler
+from tests.fake_endpoint import clients, hosted, make_handler
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -227,26 +227,8 @@ def test_log_probabilities_are_clamped_into_their_range():
 # --------------------------------------------------------------------------- (b) whole flows, one answer mutated
 
 
-def _hosted_chat(request):
-    """A hosted chat API: no tokenizer, templates or completions; the answer names [2] then [1]."""
-    if request.url.path in ("/tokenize", "/apply-template", "/props", "/v1/completions", "/detokenize"):
-        return httpx2.Response(404, json={"error": "not found"})
-    if request.url.path == "/v1/models":
-        return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": "openai"}]})
-    if request.url.path == "/v1/chat/completions":
-        return httpx2.Response(200, json=copy.deepcopy(OPENAI_CHAT))
-    return None
-
-
-def _hosted_completions(request):
-    """A hosted completions API: legacy logprobs on text prompts, chat without prefill."""
-    if request.url.path in ("/tokenize", "/apply-template", "/props", "/detokenize"):
-        return httpx2.Response(404, json={"error": "not found"})
-    if request.url.path == "/v1/models":
-        return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": "together"}]})
-    if request.url.path == "/v1/chat/completions":
-        return httpx2.Response(200, json=copy.deepcopy(OPENAI_CHAT))
-    return None
+_hosted_chat = hosted(lambda: copy.deepcopy(OPENAI_CHAT))  # a hosted chat API: the answer names [2] then [1]
+_hosted_completions = hosted(lambda: copy.deepcopy(OPENAI_CHAT), completions=True, owner="together")  # legacy logprobs
 
 
 DIALECTS = {

@@ -12,7 +12,7 @@ from capcal_integrations.probe import route
 from capcal_integrations.server import HostedGateway
 from capcal_integrations.textlabels import nodes_to_read, parse_ranking, path_reads, score_texts
 from capcal_integrations.types import Capabilities
-from tests.fake_endpoint import clients, make_handler
+from tests.fake_endpoint import clients, hosted, make_handler
 
 L = math.log
 
@@ -94,15 +94,7 @@ def _chat_only(script):
     content = [{"token": t, "logprob": math.log(dict(alts).get(t, 1.0)),
                 "top_logprobs": [{"token": a, "logprob": math.log(p)} for a, p in alts]} for t, alts in script]
 
-    def fault(request):
-        if request.url.path in ("/tokenize", "/apply-template", "/props", "/v1/completions"):
-            return httpx2.Response(404, json={"error": "not found"})
-        if request.url.path == "/v1/models":
-            return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": "openai"}]})
-        if request.url.path == "/v1/chat/completions":
-            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": {"content": content}}]})
-        return None
-
+    fault = hosted(lambda: {"choices": [{"index": 0, "logprobs": {"content": content}}]})
     sync, async_ = clients(make_handler(fault=fault))
     return CapCalReranker(client=sync, async_client=async_, guard=None)
 
