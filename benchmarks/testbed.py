@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from capcal_integrations.testbed.measure import METHODS, Row, bench_lists, measure, table
+from capcal_integrations.testbed.measure import IMPLIED_ALPHAS, METHODS, Row, bench_lists, measure, table
 from capcal_integrations.testbed.model import SCENARIOS
 
 HERE = pathlib.Path(__file__).parent
@@ -41,6 +41,7 @@ def checks(rows: list[Row]) -> list[str]:
         if d is None:
             continue
         share = d.reads_share if d.reads_share is not None else 1.0
+        calibrated = "" if d.calibrated_share is None else f"{d.calibrated_share:.2f}"
         if s == 0:
             ok = share <= 0.05 and d.ndcg10 >= by["bm25"].ndcg10 - 0.01
             what = f"reads {share:.2f} (<= .05), nDCG {d.ndcg10:.4f} vs BM25 {by['bm25'].ndcg10:.4f}"
@@ -49,8 +50,78 @@ def checks(rows: list[Row]) -> list[str]:
             best = max(rivals, key=lambda r: r.ndcg10)
             ok = share >= 0.95 and d.ndcg10 >= best.ndcg10 - 0.01
             what = f"reads {share:.2f} (>= .95), nDCG {d.ndcg10:.4f} vs best {best.method} {best.ndcg10:.4f}"
-        out.append(f"| {name} | {s:g} | {'yes' if ok else '**no**'} | {what} |")
-    return ["| scenario | s | holds | default |", "|---|---:|---|---|", *out]
+        out.append(f"| {name} | {s:g} | {'yes' if ok else '**no**'} | {what} | {calibrated} |")
+    return ["| scenario | s | holds | default | lists calibrated |", "|---|---:|---|---|---:|", *out]
+
+
+def costs(rows: list[Row]) -> list[str]:
+    """Requests and prompt tokens per list (the probe spread over the draw's lists), against vanilla."""
+    methods = [m for m in dict.fromkeys(r.method for r in rows) if any(r.requests for r in rows if r.method == m)]
+    out = ["| cells | method | requests | prompt tokens | uncached prompt tokens | uncached vs vanilla |",
+           "|---|---|---:|---:|---:|---:|"]
+    for label, keep in (("s = 0", lambda r: r.s == 0), ("s >= 0.5", lambda r: r.s > 0)):
+        chosen = [r for r in rows if keep(r)]
+        base = [r.uncached_tokens for r in chosen if r.method == "vanilla"]
+        base_mean = sum(base) / len(base) if base else 0.0
+        for m in methods:
+            mine = [r for r in chosen if r.method == m]
+            if not mine:
+                continue
+            req, tok, unc = (sum(getattr(r, f) for r in mine) / len(mine) for f in ("requests", "prompt_tokens",
+                                                                                 "uncached_tokens"))
+            ratio = f"{unc / base_mean:.2f}" if base_mean else ""
+            out.append(f"| {label} | {m} | {req:.1f} | {tok:,.0f} | {unc:,.0f} | {ratio} |")
+    return out
+
+
+def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = None) -> None:
+    """The default on a real endpoint, and the check's statistic on its first steps: the default ranks every list
+    (its content check decides on the first lists); then every list's first step is read in the given and in
+    the halves-swapped order (method first-token) and the slot-paired contrast is computed over all lists
+    and over sets of eight, the size of one decision. Writes ``out``.json and .md."""
+    import math
+    import random
+
+    from capcal_integrations import CapCalReranker
+    from capcal_integrations.content_check import LEVEL, LISTS, Reading, halves_swapped, paired_contrast
+    from capcal_integrations.testbed.measure import ndcg10
+
+    lists = bench_lists(data)[:queries]
+    rr = CapCalReranker(base_url=url, timeout=600)
+    start = time.perf_counter()
+    rankings = []
+    for k, b in enumerate(lists):
+        rankings.append(rr.rerank(b.query, list(b.passages)))
+        print(f"real: list {k}: {rankings[-1].notes[:1]}", file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - start
+    default = [ndcg10([b.grades[i] for i in r.order], b.ideal) for b, r in zip(lists, rankings)]
+    bm25 = [ndcg10(list(b.grades), b.ideal) for b in lists]
+    decision = rr.content_decision()
+    first = rr.with_options(method="first-token", guard=None)
+    readings = []
+    for k, b in enumerate(lists):
+        swap = halves_swapped(len(b.passages))
+        given = first.rerank(b.query, list(b.passages)).steps[0].p
+        swapped = first.rerank(b.query, [b.passages[i] for i in swap]).steps[0].p
+        readings.append(Reading(tuple(math.log(max(x, 1e-300)) for x in given), tuple(math.log(max(x, 1e-300)) for x in swapped)))
+        print(f"real: readings {k}", file=sys.stderr, flush=True)
+    pooled = paired_contrast(readings)
+    rng = random.Random(0)
+    sets = [paired_contrast(rng.sample(readings, LISTS), permutations=199) for _ in range(200)]
+    result = {"url": url, "model": rr.model, "lists": len(lists), "ndcg10_default": sum(default) / len(default),
+              "ndcg10_bm25": sum(bm25) / len(bm25), "decision": decision.to_json() if decision else None,
+              "calibrated_lists": sum(not r.guarded for r in rankings), "seconds": seconds,
+              "requests": sum(r.usage.requests for r in rankings), "prompt_tokens": sum(r.usage.prompt_tokens for r in rankings),
+              "pooled": vars(pooled), "sets_of_8_passing": sum(c.p_value <= LEVEL for c in sets) / len(sets)}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text("\n".join([
+        f"# The content check on a real model ({rr.model} at {url})", "",
+        f"{len(lists)} DL19 top-20 lists. The default (content check, alpha auto) nDCG@10 {result['ndcg10_default']:.4f} "
+        f"against BM25 {result['ndcg10_bm25']:.4f}; {result['calibrated_lists']} lists ranked calibrated; "
+        f"{result['requests']} requests, {result['prompt_tokens']:,} prompt tokens, {seconds:.0f} s in all.", "",
+        f"Decision: {decision}" if decision else "Decision: not taken (fewer lists than the check pools).", "",
+        f"The slot-paired contrast over all {len(lists)} lists' first steps: p = {pooled.p_value:.3g}, content/noise "
+        f"{pooled.ratio:.2f}; over 200 random sets of {LISTS} lists, {result['sets_of_8_passing']:.1%} pass at {LEVEL:g}.", ""]))
 
 
 def main() -> int:
@@ -62,19 +133,28 @@ def main() -> int:
     ap.add_argument("--lists", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(HERE / "results" / "testbed"))
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "guard-2"),
+                    help=f"of {', '.join(METHODS)}")
     ap.add_argument("--fresh", action="store_true", help="recompute cells already in the JSON")
+    ap.add_argument("--real", metavar="URL", help="instead: the default and the check's statistic on a real endpoint")
+    ap.add_argument("--queries", type=int, default=None, help="with --real: the first N lists")
     args = ap.parse_args()
+    if args.real:
+        real_model(args.real, args.data, pathlib.Path(args.out), args.queries)
+        print(pathlib.Path(args.out).with_suffix(".md").read_text())
+        return 0
     lists = bench_lists(args.data)[:args.lists]
     out = pathlib.Path(args.out)
     stored = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() and not args.fresh else {}
     rows = [Row(**r) for r in stored.get("rows", [])]
-    meta = stored.get("meta", {"draws": args.draws, "lists": len(lists), "seed": args.seed, "methods": METHODS})
+    methods = {m: METHODS[m] for m in args.methods.split(",")}
+    meta = stored.get("meta", {"draws": args.draws, "lists": len(lists), "seed": args.seed, "methods": methods})
     for name in args.scenarios.split(","):
         for s in (float(x) for x in args.s.split(",")):
             if any((r.scenario, r.s) == (name, s) for r in rows):
                 continue
             start = time.perf_counter()
-            rows += measure(lists, scenarios=[name], s_values=[s], draws=args.draws, seed=args.seed,
+            rows += measure(lists, scenarios=[name], s_values=[s], draws=args.draws, seed=args.seed, methods=methods,
                             progress=lambda line: print(line, file=sys.stderr, flush=True))
             print(f"{name} s={s:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
             _write(out, rows, meta)
@@ -102,13 +182,24 @@ def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
         "the method's content decisions that said the model reads (per list for the per-list guard).",
         "",
         "Methods: " + "; ".join(f"`{m}` = {'BM25 order' if o is None else (o or 'the default options')}"
-                                for m, o in meta["methods"].items()) + ".",
+                                for m, o in meta["methods"].items())
+        + "; `capcal-best` = CapCal at the best fixed alpha of " + ", ".join(f"{a:g}" for a in IMPLIED_ALPHAS)
+        + " in hindsight (rankings implied by capcal-1's first steps: the testbed answers every later step"
+        " with the first step's distributions restricted to the labels left).",
         "",
         table(rows),
         "",
         "## Issue 17's conditions on the default",
         "",
+        "`reads` is the share of the default's decisions (one per draw: a fresh reranker decides on its first lists) that",
+        "the model reads; `lists calibrated` the share of lists the default ranked calibrated (while deciding, lists",
+        "are calibrated provisionally).",
+        "",
         *checks(rows),
+        "",
+        "## Cost per list (the simulated server's counts; its tokenizer is word-level, so compare ratios)",
+        "",
+        *costs(rows),
         "",
         "Time per ranking (2 shared cores, the whole library path against the in-process server): "
         + ", ".join(f"{m} {v * 1000:.0f} ms" for m, v in per_list.items() if v) + ".",

@@ -40,12 +40,12 @@ CALIBRATED_METHODS = frozenset({"auto", "capcal", "first-token-capcal"})
 
 
 def _alpha(raw: str) -> float | str:
-    if raw == "adaptive":
+    if raw in ("adaptive", "auto"):
         return raw
     try:
         return float(raw)
     except ValueError:
-        raise InputError(f"alpha must be 'adaptive' or a number, got {raw!r}") from None
+        raise InputError(f"alpha must be 'adaptive' or a number (or 'auto'), got {raw!r}") from None
 
 
 def _int(raw: str) -> int:
@@ -66,6 +66,10 @@ def _optional_float(raw: str) -> float | None:
         return float(raw)
     except ValueError:
         raise InputError(f"expected a number or none, got {raw!r}") from None
+
+
+def _guard(raw: str) -> float | str | None:
+    return "content" if raw == "content" else _optional_float(raw)
 
 
 def _bool(raw: str) -> bool:
@@ -105,7 +109,7 @@ def _optional_str(raw: str) -> str | None:
 PRESETS: dict[str, dict[str, Any]] = {
     "release": {"template": "capcal", "prompt": "raw", "decoding": "release", "normalise": False,
                 "placeholder": RELEASE_PLACEHOLDER, "probability": "joint", "labels": "numeric",
-                "max_passage_words": None, "guard": None},
+                "max_passage_words": None, "guard": None, "alpha": "adaptive"},
 }
 
 
@@ -134,13 +138,21 @@ class Options:
     method: str = _option("auto", "Ranking method: auto (capcal where the endpoint can continue an assistant prefix, "
                           "else first-token-capcal) | capcal | vanilla | first-token | first-token-capcal | psc.",
                           choices=METHODS)
-    alpha: float | str = _option("adaptive", "'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
-                                 "calibration strength >= 0.", _alpha)
-    guard: float | None = _option(2.0, "No-harm guard of the calibrated methods: a window keeps its first-stage order "
-                                  "when its passages' calibrated first-step scores, read in the given order and "
-                                  "rotated by half the window, agree less than this many standard errors (Kendall "
-                                  "tau z-score: the model shows no content signal). One more prompt per window; "
-                                  "None turns it off.", _optional_float)
+    alpha: float | str = _option("auto", "'auto' (chosen label-free on the lists that decide the content check: the "
+                                 "strength whose calibrated rankings of a list and of the list with its halves swapped "
+                                 "agree most; 1 without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) "
+                                 "or a fixed calibration strength >= 0.", _alpha)
+    guard: float | str | None = _option(
+        "content", "Whether the calibrated methods calibrate at all. 'content': decided once per model, prompt and "
+        "placeholder on the first 8 lists (each read a second time with its halves swapped: one more prompt per "
+        "deciding list; a slot-paired contrast, blind to slot effects); a model that shows no content signal keeps "
+        "every list's given order. A number: the older per-list check (one more prompt per window; the window keeps "
+        "its given order when its calibrated scores, read as given and rotated by half, agree less than this Kendall "
+        "tau z-score; fooled by slot effects). None: always calibrate.", _guard)
+    decision: str | None = _option(None, "A saved content-check decision (the JSON of "
+                                   "reranker.content_decision().to_json(), or a file holding it), so that a new process "
+                                   "ranks without deciding again; used where model, prompt and placeholder match.",
+                                   _optional_str)
     calibration: str = _option("additive", "'additive' (the paper's p - alpha (q - 1/|C|)) or 'log' "
                                "(log p - alpha log q).", choices=FORMS)
     normalise: bool = _option(True, "Renormalise p and q over the identifiers still allowed before calibrating "
@@ -226,10 +238,13 @@ class Options:
             raise InputError(f"routed must be True or False, got {self.routed!r}")
         if self.routing_header is not None and (why := check_header(self.routing_header)):
             raise InputError(why)
-        if not (self.alpha == "adaptive" or (_finite(self.alpha) and self.alpha >= 0)):
-            raise InputError(f"alpha must be 'adaptive' or a finite number >= 0, got {self.alpha!r}")
-        if not (self.guard is None or _finite(self.guard)):
-            raise InputError(f"guard must be a finite number (a z-score) or None to turn it off, got {self.guard!r}")
+        if not (self.alpha in ("adaptive", "auto") or (_finite(self.alpha) and self.alpha >= 0)):
+            raise InputError(f"alpha must be 'auto', 'adaptive' or a finite number >= 0, got {self.alpha!r}")
+        if not (self.guard is None or self.guard == "content" or _finite(self.guard)):
+            raise InputError(f"guard must be 'content', a finite number (a z-score) or None to turn it off, "
+                             f"got {self.guard!r}")
+        if not (self.decision is None or isinstance(self.decision, str)):
+            raise InputError(f"decision must be a saved content decision (its JSON or a file), got {self.decision!r}")
         for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):
             if not _whole(getattr(self, name)):
                 raise InputError(f"{name} must be an integer, got {getattr(self, name)!r}")

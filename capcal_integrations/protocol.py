@@ -100,6 +100,7 @@ class EndpointState:
     declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
+    content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
     routed: bool = False  # a view's: requests may reach more than one server (Options.routed; see .routing)
     shared: EndpointState | None = field(default=None, repr=False, compare=False)  # a view's endpoint state
 

@@ -15,6 +15,7 @@ from typing import Any
 import openai
 
 from .client import Clients
+from .content_check import ContentDecision, decision_of
 from .drivers import run_async, run_sync, together
 from .errors import InputError
 from .options import Options, option_docs
@@ -91,6 +92,11 @@ class CapCalReranker:
     def async_client(self) -> openai.AsyncOpenAI:
         """The async client for the running event loop."""
         return self._clients.async_
+
+    def content_decision(self) -> ContentDecision | None:
+        """The content check's decision for this reranker's model, prompt and placeholder (print it; save its
+        ``to_json()`` and pass it as ``decision=`` to another process), or ``None`` while it is being decided."""
+        return decision_of(self._state, self.options)
 
     def capabilities(self) -> Capabilities:
         """Probe the endpoint once (about seven small requests) and cache what it can do."""

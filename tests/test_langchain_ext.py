@@ -130,7 +130,7 @@ def test_construction():
     core = compressor.reranker
     assert (core.method, core.options.placeholder, core.options.window, core.options.stride) == (
         "first-token-capcal", "", 6, 3)
-    assert compressor.alpha == core.options.alpha == "adaptive"  # defaults filled in with the values in force
+    assert compressor.alpha == core.options.alpha == "auto"  # defaults filled in with the values in force
     compressor.method = "vanilla"
     assert compressor.reranker.method == "vanilla"
     shared = CapCalReranker(base_url=NOWHERE, method="psc", m=3)

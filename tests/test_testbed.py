@@ -220,3 +220,20 @@ def test_the_committed_slot_effects_are_what_the_fit_gives(tmp_path):
     committed = json.loads((root / "capcal_integrations/testbed/slot_effects.json").read_text())
     assert json.loads(out.read_text())["fits"] == committed["fits"]
     assert committed["fits"]["0.5b"]["lists"] == 43 and committed["fits"]["1.5b"]["lists"] == 20
+
+
+def test_tokenize_takes_a_mixed_list_as_llama_cpp_does():
+    endpoint = simulated_endpoint(lists(), s=1.0)
+    post = endpoint.http_client.post
+    ids = post("http://testbed.invalid/tokenize", json={"content": "[1] cat"}).json()["tokens"]
+    mixed = post("http://testbed.invalid/tokenize", json={"content": ["<|im_start|>user ", *ids], "with_pieces": True}).json()
+    assert "".join(t["piece"] for t in mixed["tokens"]) == "<|im_start|>user [1] cat"
+    assert mixed["tokens"][0]["piece"] == "<|im_start|>"  # the text's control tokens parsed (parse_special default)
+
+
+def test_routed_prompts_as_token_ids_only_read_the_same():
+    data = lists()
+    query, passages, _ = data[0]
+    plain = simulated_endpoint(data, s=1.0, seed=4).reranker(method="vanilla").rerank(query, passages)
+    routed = simulated_endpoint(data, s=1.0, seed=4).reranker(method="vanilla", routed=True).rerank(query, passages)
+    assert routed.order == plain.order and routed.steps[0].p == pytest.approx(plain.steps[0].p)

@@ -118,7 +118,7 @@ def test_labels_and_render():
 
 
 def test_options_reject_bad_values():
-    for bad in ({"method": "listwise"}, {"alpha": -1}, {"alpha": "auto"}, {"window": 1}, {"stride": 0},
+    for bad in ({"method": "listwise"}, {"alpha": -1}, {"alpha": "strong"}, {"window": 1}, {"stride": 0},
                 {"probability": "exact"}, {"calibration": "mul"}, {"m": 0}, {"labels": "roman"},
                 {"concurrency": 0}, {"top_logprobs": 0}):
         with pytest.raises(InputError):

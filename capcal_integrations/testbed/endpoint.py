@@ -202,8 +202,11 @@ class SimulatedServer:
             return {"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "llamacpp"}]}
         if path == "/props":
             return {"default_generation_settings": {"n_ctx": self.context}, "total_slots": self.slots}
-        if path == "/tokenize":
-            tokens = tokenize(self.vocab, str(body.get("content", "")), bool(body.get("parse_special", True)))
+        if path == "/tokenize":  # as llama.cpp: text, or a list mixing text and token ids
+            content = body.get("content", "")
+            special = bool(body.get("parse_special", True))
+            tokens = [t for x in (content if isinstance(content, list) else [content]) for t in (
+                [(int(x), self.vocab.piece(int(x)))] if isinstance(x, int) else tokenize(self.vocab, str(x), special))]
             if body.get("with_pieces"):
                 return {"tokens": [{"id": t, "piece": p} for t, p in tokens]}
             return {"tokens": [t for t, _ in tokens]}
@@ -225,7 +228,8 @@ class SimulatedServer:
             segments = self.segments(prompt)
             tokens, hit = self._cached(segments, body.get("id_slot"))
             used, cached = used + tokens, cached + hit
-            dist = self.next_tokens("".join(x if isinstance(x, str) else self.vocab.piece(x) for x in segments))
+            table = self.vocab._pieces
+            dist = self.next_tokens("".join(x if type(x) is str else table[x] for x in segments))
             choices.append({"index": i, "text": dist[0][1], "finish_reason": "length",
                             "logprobs": {"content": [self._entry(dist, top)]}})
         return {"object": "text_completion", "model": self.name, "choices": choices,
@@ -262,16 +266,21 @@ class SimulatedServer:
         """A prompt as text and token-id segments: a string, token ids, or a list mixing both."""
         if isinstance(prompt, str):
             return [prompt]
-        if isinstance(prompt, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in prompt):
+        if isinstance(prompt, list):
+            known = len(self.vocab._pieces)
             for x in prompt:
-                if isinstance(x, int):
-                    self.vocab.piece(x)  # an unknown id is an error
-            return list(prompt)
+                if type(x) is int:
+                    if not 0 < x < known:
+                        raise InputError(f"unknown token id {x}")
+                elif type(x) is not str:
+                    break
+            else:
+                return prompt
         raise InputError(f"unreadable prompt {str(prompt)[:80]!r}")
 
     def next_tokens(self, text: str) -> list[tuple[int, str, float]]:
         """``(id, piece, logprob)`` of the next token after ``text``, best first."""
-        at = max(text.rfind(m) + len(m) if text.rfind(m) >= 0 else -1 for m in ASSISTANT_MARKERS)
+        at = max((i + len(m) if (i := text.rfind(m)) >= 0 else -1) for m in ASSISTANT_MARKERS)
         read = self.read(text[:at]) if at > 0 else None
         if read is None:  # no ranking prompt (the probes): some ordinary text
             mass = {" the": 0.5, "\n": 0.3, " a": 0.2}

@@ -38,14 +38,22 @@ class BenchList:
 
 
 #: Methods measured, as ranking options (``None``: the first-stage order). ``default`` is whatever the
-#: default options do.
+#: default options do; ``guard-2`` the per-list guard at 2 standard errors (the default before issue 17).
 METHODS: dict[str, dict[str, Any] | None] = {
     "bm25": None,
     "vanilla": {"method": "vanilla"},
     "capcal-adaptive": {"method": "capcal", "alpha": "adaptive", "guard": None},
     "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None},
+    "guard-2": {"method": "capcal", "alpha": "adaptive", "guard": 2.0},
     "default": {},
+    "capcal-chosen": {"method": "capcal", "alpha": "chosen", "guard": None},
 }
+#: ``alpha="chosen"`` (``capcal-chosen``): the strength the default's content check chose on its first lists
+#: in the same draw (1 if it did not decide), on every list.
+#: The strengths of the ``capcal-best`` row: CapCal at each fixed alpha, its rankings implied by the first
+#: step of the ``capcal-1`` run (every later step the first step's distributions restricted to the labels
+#: left, which is what the testbed's Plackett-Luce model answers), the best of them reported.
+IMPLIED_ALPHAS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 
 
 def bench_lists(data: Any, top: int = 20) -> list[BenchList]:
@@ -79,14 +87,20 @@ def ndcg10(order_grades: Sequence[int], ideal: Sequence[int]) -> float:
     return dcg(order_grades) / best if best > 0 else 0.0
 
 
-def decisions(ranking: Any) -> tuple[int, int]:
-    """``(reads, decided)`` of one ranking: its content decision when it carries one (``ranking.content``),
-    else the per-window guard's (windows checked, and those not kept in their given order)."""
-    content = getattr(ranking, "content", None)
-    if content is not None:
-        return int(bool(content.reads)), 1
-    checked = len(ranking.agreement)
-    return checked - len(ranking.guarded), checked
+def decisions(reranker: Any, rankings: Sequence[Any]) -> tuple[int, int]:
+    """``(reads, decided)``: the content check's decision once the lists are ranked (one per reranker:
+    a fresh one per draw) when there is one, else the per-list guard's (windows checked, those let through)."""
+    decision = _decision(reranker)
+    if decision is not None:
+        return int(decision.reads), 1
+    checked = sum(len(r.agreement) for r in rankings)
+    return checked - sum(len(r.guarded) for r in rankings if r.agreement), checked
+
+
+def _decision(reranker: Any) -> Any:
+    """The reranker's content decision (None before it is taken, or for a library without the check)."""
+    method = getattr(reranker, "content_decision", None)
+    return method() if method is not None else None
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,11 @@ class Row:
     draws: int = 0
     lists: int = 0
     seconds: float = 0.0  # per ranking
+    calibrated_share: float | None = None  # lists (windows) ranked calibrated, not kept in their given order
+    requests: float = 0.0  # per ranking, the probe included once per draw
+    prompt_tokens: float = 0.0  # per ranking, as the server reports them
+    uncached_tokens: float = 0.0  # per ranking, prompt tokens not served from a slot's cache
+    note: str = ""
 
     def json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "s": self.s, "method": self.method, "ndcg10": round(self.ndcg10, 4),
@@ -116,33 +135,82 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
     rows = []
     for name in scenarios:
         for s in s_values:
-            per_draw: dict[str, list[float]] = {m: [] for m in methods}
-            reads: dict[str, list[int]] = {m: [0, 0] for m in methods}
+            per_draw: dict[str, list[float]] = {m: [] for m in [*methods, "capcal-best"]}
+            # per method: reads, decided, windows calibrated, windows, requests, prompt tokens, uncached tokens
+            counts: dict[str, list[float]] = {m: [0.0] * 7 for m in methods}
+            implied: dict[float, list[float]] = {a: [] for a in IMPLIED_ALPHAS}
             spent: dict[str, float] = dict.fromkeys(methods, 0.0)
             for draw in range(draws):
                 model = scenario(name, s, seed=draw_seed(seed, name, s, draw))
                 server = SimulatedServer(index, model)
                 order = list(range(len(lists)))
                 random.Random(f"{seed}/{draw}").shuffle(order)
+                chosen = [lists[i] for i in order]
+                picked = 1.0
                 for method, opts in methods.items():
+                    if opts is not None and opts.get("alpha") == "chosen":
+                        opts = {**opts, "alpha": picked}
                     start = time.perf_counter()
-                    scores, (r, d) = _run(server, [lists[i] for i in order], opts)
+                    reranker, rankings = _run(server, chosen, opts)
                     spent[method] += time.perf_counter() - start
-                    per_draw[method].append(math.fsum(scores) / len(scores))
-                    reads[method][0] += r
-                    reads[method][1] += d
-            for method in methods:
+                    orders = [r.order for r in rankings] if rankings else [tuple(range(len(b.grades))) for b in chosen]
+                    per_draw[method].append(_mean([ndcg10([b.grades[i] for i in o], b.ideal) for b, o in zip(chosen, orders)]))
+                    decided = _decision(reranker) if method == "default" else None
+                    if decided is not None:
+                        picked = decided.alpha
+                    if reranker is not None:
+                        r, d = decisions(reranker, rankings) if opts.get("guard", "content") is not None else (0, 0)
+                        windows = sum(max(1, len(x.agreement), _windows(x)) for x in rankings)
+                        c = counts[method]
+                        c[0], c[1] = c[0] + r, c[1] + d
+                        c[2] += windows - sum(len(x.guarded) for x in rankings)
+                        c[3] += windows
+                        c[4] += sum(x.usage.requests for x in rankings)
+                        c[5] += sum(x.usage.prompt_tokens for x in rankings)
+                        c[6] += sum(x.usage.prompt_tokens - x.usage.cached_tokens for x in rankings)
+                    if method == "capcal-1" and rankings:
+                        for a in IMPLIED_ALPHAS:
+                            implied[a].append(_mean([ndcg10([b.grades[i] for i in _implied(x, a)], b.ideal)
+                                                     for b, x in zip(chosen, rankings)]))
+            if any(implied.values()):
+                best = max(IMPLIED_ALPHAS, key=lambda a: _mean(implied[a]))
+                per_draw["capcal-best"] = implied[best]
+            for method in [*methods, "capcal-best"]:
                 values = per_draw[method]
-                mean = math.fsum(values) / len(values)
+                if not values:
+                    continue
+                mean = _mean(values)
                 se = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(
                     values) > 1 else 0.0
-                r, d = reads[method]
-                rows.append(Row(name, float(s), method, mean, r / d if d else None, se, draws, len(lists),
-                                spent[method] / (draws * len(lists))))
+                c = counts.get(method, [0.0] * 7)
+                per = draws * len(lists)
+                note = (f"alpha {best:g}; implied by capcal-1's first steps; alpha 1 implied "
+                        f"{_mean(implied[1.0]):.4f}") if method == "capcal-best" else ""
+                rows.append(Row(name, float(s), method, mean, c[0] / c[1] if c[1] else None, se, draws, len(lists),
+                                spent.get(method, 0.0) / per, c[2] / c[3] if c[3] else None, c[4] / per, c[5] / per,
+                                c[6] / per, note))
                 if progress:
                     progress(f"{name} s={s:g} {method}: nDCG@10 {mean:.4f} (+-{se:.4f})"
-                             + (f", reads {r}/{d}" if d else "") + f", {rows[-1].seconds * 1000:.0f} ms per list")
+                             + (f", reads {c[0]:.0f}/{c[1]:.0f}" if c[1] else "") + f", {rows[-1].seconds * 1000:.0f} ms per list"
+                             + (f" ({note})" if note else ""))
     return rows
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _windows(ranking: Any) -> int:
+    return len({s.window for s in ranking.steps}) or 1
+
+
+def _implied(ranking: Any, alpha: float) -> list[int]:
+    """The capcal ranking at ``alpha`` implied by a ranking's first step (one window: the whole list)."""
+    from ..content_check import implied_order
+
+    first = ranking.steps[0]
+    order = implied_order([math.log(max(x, 1e-300)) for x in first.p], [math.log(max(x, 1e-300)) for x in first.q], alpha)
+    return [first.candidates[j] for j in order]
 
 
 def draw_seed(seed: int, name: str, s: float, draw: int) -> int:
@@ -150,19 +218,14 @@ def draw_seed(seed: int, name: str, s: float, draw: int) -> int:
     return _digest(f"{seed}/{name}/{s:g}/{draw}") & 0xFFFFFFFF
 
 
-def _run(server: SimulatedServer, lists: Sequence[BenchList], opts: dict[str, Any] | None) -> tuple[list[float], tuple[int, int]]:
+def _run(server: SimulatedServer, lists: Sequence[BenchList], opts: dict[str, Any] | None) -> tuple[Any, list[Any]]:
+    """A fresh reranker with ``opts`` on the server, and its rankings of ``lists`` (none for the first-stage order)."""
     if opts is None:
-        return [ndcg10(b.grades, b.ideal) for b in lists], (0, 0)
+        return None, []
     from . import SimulatedEndpoint
 
     reranker = SimulatedEndpoint(server).reranker(**opts)
-    scores, reads, decided = [], 0, 0
-    for b in lists:
-        ranking = reranker.rerank(b.query, list(b.passages))
-        scores.append(ndcg10([b.grades[i] for i in ranking.order], b.ideal))
-        r, d = decisions(ranking)
-        reads, decided = reads + r, decided + d
-    return scores, (reads, decided)
+    return reranker, [reranker.rerank(b.query, list(b.passages)) for b in lists]
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -170,5 +233,6 @@ def table(rows: Sequence[Row]) -> str:
     out = ["| scenario | s | method | nDCG@10 | reads share |", "|---|---:|---|---:|---:|"]
     for r in rows:
         share = "" if r.reads_share is None else f"{r.reads_share:.2f}"
-        out.append(f"| {r.scenario} | {r.s:g} | {r.method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
+        method = f"{r.method} (alpha {r.note.split(';')[0].split()[-1]})" if r.method == "capcal-best" and r.note else r.method
+        out.append(f"| {r.scenario} | {r.s:g} | {method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
     return "\n".join(out)
