@@ -211,3 +211,24 @@ def test_without_the_check_no_list_costs_a_second_reading_and_auto_alpha_is_one(
     ranking = rr.rerank(*data[0][:2])
     assert endpoint.server.stats.prompts == 2 and {s.alpha for s in ranking.steps} == {1.0}
     assert rr.content_decision() is None and not ranking.notes
+
+
+def test_the_default_calibrates_a_model_that_reads_despite_slot_effects():
+    """The 0.5B model's real-vs-empty slot mismatch and a model that reads (2 logits per grade): the
+    default calibrates (nearly) every list. The per-list guard it replaces kept most of them in their
+    given order (its statistic read the mismatch as disagreement)."""
+    data = lists(16)
+    rr = simulated_endpoint(data, s=2.0, scenario="delta-0.5b", seed=1).reranker()
+    kept = sum(bool(rr.rerank(q, p).guarded) for q, p, _ in data)
+    assert kept <= 2
+
+
+def test_a_saved_decision_for_another_model_is_not_used():
+    data = lists()
+    rr = simulated_endpoint(data, s=2.0, seed=0).reranker()
+    for q, p, _ in data[:8]:
+        rr.rerank(q, p)
+    saved = json.loads(rr.content_decision().to_json())
+    saved["key"]["model"] = "another-model"
+    other = simulated_endpoint(data, s=2.0, seed=0).reranker(decision=json.dumps(saved))
+    assert "pending" in other.rerank(*data[8][:2]).notes[0] and other.content_decision() is None
