@@ -22,8 +22,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["Prompt", "KNOWN_CONTROL", "neutralise", "marker", "split_marked", "clean_text"]
+__all__ = ["Prompt", "Span", "KNOWN_CONTROL", "neutralise", "marker", "split_marked", "clean_text"]
 
 Messages = tuple[tuple[str, str], ...]
 
@@ -80,28 +81,40 @@ def clean_text(text: str) -> str:
     return text.replace(_OPEN, " ").replace(_CLOSE, " ")
 
 
-def split_marked(text: str) -> list[str | int]:
-    """``text`` as trusted strings and span numbers. A space before a marker moves into the span (its
-    tokens then carry the leading space, as the whole text would be tokenized): a span that follows a
-    space is ``-1 - k`` (spell it ``" " + span``), else ``k``.
+class Span(NamedTuple):
+    """Where untrusted span ``k`` goes in a rendered skeleton, with the template's whitespace around it
+    that a tokenizer would have merged with the span's own text: a space before it (`` text``: one
+    token in byte-level BPE) and the newlines after it (``.\\n``: one token after punctuation)."""
 
-    >>> split_marked("query: " + marker(0) + ".\\n[1] " + marker(1) + "\\n")
-    ['query:', -1, '.\\n[1]', -2, '\\n']
+    k: int
+    before: str = ""
+    after: str = ""
+
+
+def split_marked(text: str) -> list[str | Span]:
+    """``text`` as trusted strings and :class:`Span` s. A space before a marker and the newlines after it
+    move into the span, so that the span's tokens are those the whole text would have had there.
+
+    >>> split_marked("query: " + marker(0) + ".\\n[1] " + marker(1) + "\\n\\nEnd")
+    ['query:', Span(k=0, before=' ', after=''), '.\\n[1]', Span(k=1, before=' ', after='\\n\\n'), 'End']
     """
-    out: list[str | int] = []
+    out: list[str | Span] = []
     pos = 0
     for m in _MARKER.finditer(text):
         before = text[pos:m.start()]
-        spaced = before.endswith(" ")
-        if spaced:
-            before = before[:-1]
-        if before:
-            out.append(before)
-        k = int(m.group(1))
-        out.append(-1 - k if spaced else k)
+        if isinstance(out[-1:] and out[-1], Span):  # newlines right after the previous span were taken by it
+            before = before[len(out[-1].after):]
+        space = " " if before.endswith(" ") else ""
+        if before[:len(before) - len(space)]:
+            out.append(before[:len(before) - len(space)])
+        rest = text[m.end():]
+        out.append(Span(int(m.group(1)), space, rest[:len(rest) - len(rest.lstrip("\n"))]))
         pos = m.end()
-    if text[pos:]:
-        out.append(text[pos:])
+    tail = text[pos:]
+    if out and isinstance(out[-1], Span):
+        tail = tail[len(out[-1].after):]
+    if tail:
+        out.append(tail)
     return out
 
 
@@ -126,22 +139,22 @@ class Prompt:
         """The skeleton with ``spans`` in place of the markers, as they are: for inspection and tests."""
         return tuple((role, _MARKER.sub(lambda m: spans[int(m.group(1))], content)) for role, content in self.skeleton)
 
-    def parts(self, rendered: str) -> list[str | int]:
+    def parts(self, rendered: str) -> list[str | Span]:
         """The skeleton as the server (or a client-side format) rendered it, split at the markers
         (:func:`split_marked`); each span must appear, or the template dropped user text."""
         parts = split_marked(rendered)
-        seen = {p if p >= 0 else -1 - p for p in parts if isinstance(p, int)}
+        seen = {p.k for p in parts if isinstance(p, Span)}
         missing = set(range(len(self.spans))) - seen
         if missing:
             raise ValueError(f"the rendered template dropped untrusted spans {sorted(missing)}")
         return parts
 
-    def spelling(self, part: int, declared: Iterable[str] = ()) -> str:
-        """The text a span part stands for (with its leading space when it follows one), neutralised:
-        llama.cpp matches a model's *user-defined* added tokens even with ``parse_special`` off (Qwen 2.5's
-        ``<tool_call>``, ``<think>``), so ids alone do not defuse those.
+    def spelling(self, part: Span, declared: Iterable[str] = ()) -> str:
+        """The text a span part stands for, with the template's whitespace it takes (:class:`Span`),
+        neutralised: llama.cpp matches a model's *user-defined* added tokens even with ``parse_special``
+        off (Qwen 2.5's ``<tool_call>``, ``<think>``), so ids alone do not defuse those.
 
-        >>> Prompt((), ("a <tool_call>",)).spelling(-1)
-        ' a ‹tool_call›'
+        >>> Prompt((), ("a <tool_call>",)).spelling(Span(0, " ", "\\n"))
+        ' a ‹tool_call›\\n'
         """
-        return neutralise(" " + self.spans[-1 - part] if part < 0 else self.spans[part], declared)
+        return part.before + neutralise(self.spans[part.k], declared) + part.after

@@ -112,8 +112,8 @@ def test_release_sends_passages_as_the_authors_code_does():
     passages = ["see  [3] first", {"title": "T", "text": "body [12]"}, "plain"]
     reranker(calls, preset="release", method="first-token").rerank("q", passages)
     spans = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
-    assert " see  [3] first" in spans and " T\nbody [12]" in spans
+    assert " see  [3] first\n" in spans and " T\nbody [12]\n" in spans  # with the template's newline after it
     calls.clear()
     reranker(calls, method="first-token").rerank("q", passages)
     spans = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
-    assert " see (3) first" in spans and " Title: T Content: body (12)" in spans
+    assert " see (3) first\n" in spans and " Title: T Content: body (12)\n" in spans
