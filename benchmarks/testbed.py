@@ -74,7 +74,7 @@ def costs(rows: list[Row]) -> list[str]:
     return out
 
 
-def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = None) -> None:
+def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = None, **options: object) -> None:
     """The default on a real endpoint, and the check's statistic on its first steps: the default ranks every list
     (its content check decides on the first lists); then every list's first step is read in the given and in
     the halves-swapped order (method first-token) and the slot-paired contrast is computed over all lists
@@ -87,7 +87,7 @@ def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = Non
     from capcal_integrations.testbed.measure import ndcg10
 
     lists = bench_lists(data)[:queries]
-    rr = CapCalReranker(base_url=url, timeout=600)
+    rr = CapCalReranker(base_url=url, timeout=300, **options)
     start = time.perf_counter()
     rankings = []
     for k, b in enumerate(lists):
@@ -109,13 +109,15 @@ def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = Non
     rng = random.Random(0)
     sets = [paired_contrast(rng.sample(readings, LISTS), permutations=199) for _ in range(200)]
     result = {"url": url, "model": rr.model, "lists": len(lists), "ndcg10_default": sum(default) / len(default),
-              "ndcg10_bm25": sum(bm25) / len(bm25), "decision": decision.to_json() if decision else None,
+              "ndcg10_bm25": sum(bm25) / len(bm25), "options": {k: str(v) for k, v in options.items()},
+              "decision": decision.to_json() if decision else None,
               "calibrated_lists": sum(not r.guarded for r in rankings), "seconds": seconds,
               "requests": sum(r.usage.requests for r in rankings), "prompt_tokens": sum(r.usage.prompt_tokens for r in rankings),
               "pooled": vars(pooled), "sets_of_8_passing": sum(c.p_value <= LEVEL for c in sets) / len(sets)}
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text("\n".join([
         f"# The content check on a real model ({rr.model} at {url})", "",
+        f"Options: the defaults{', with ' + str(options) if options else ''}.", "",
         f"{len(lists)} DL19 top-20 lists. The default (content check, alpha auto) nDCG@10 {result['ndcg10_default']:.4f} "
         f"against BM25 {result['ndcg10_bm25']:.4f}; {result['calibrated_lists']} lists ranked calibrated; "
         f"{result['requests']} requests, {result['prompt_tokens']:,} prompt tokens, {seconds:.0f} s in all.", "",
@@ -138,9 +140,13 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="recompute cells already in the JSON")
     ap.add_argument("--real", metavar="URL", help="instead: the default and the check's statistic on a real endpoint")
     ap.add_argument("--queries", type=int, default=None, help="with --real: the first N lists")
+    ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE", help="with --real: a ranking option")
     args = ap.parse_args()
     if args.real:
-        real_model(args.real, args.data, pathlib.Path(args.out), args.queries)
+        from capcal_integrations.options import Options
+
+        options = {k: Options.parse(k, v) for k, v in (x.split("=", 1) for x in args.set)}
+        real_model(args.real, args.data, pathlib.Path(args.out), args.queries, **options)
         print(pathlib.Path(args.out).with_suffix(".md").read_text())
         return 0
     lists = bench_lists(args.data)[:args.lists]

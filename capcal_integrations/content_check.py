@@ -314,7 +314,11 @@ class ContentCheck:
         d = self.decision
         if d is None:
             return None
-        return Verdict(d.reads, d.alpha_first_token if first_only else d.alpha, True, str(d))
+        alpha = d.alpha_first_token if first_only else d.alpha
+        about = f"content check ({d.lists} lists, p = {d.p_value:.3g}{', saved' if d.saved else ''})"
+        note = (f"{about}: the model reads the passages; calibrated at alpha {alpha:g}" if d.reads else
+                f"{about}: no content signal beyond the slot effects; kept in its given order")
+        return Verdict(d.reads, alpha, True, note)
 
     def add(self, reading: Reading, form: str = "additive", first_only: bool = False) -> Verdict:
         """Pool one more list's readings; the decision once :attr:`lists` are pooled, else a provisional verdict."""

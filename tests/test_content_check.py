@@ -131,13 +131,13 @@ def test_the_decision_is_taken_once_and_shared_by_copies_and_the_async_path(capl
     decision = rr.content_decision()
     assert decision is not None and decision.reads and decision.lists == 8
     assert sum("content check on 8 lists" in r.message for r in caplog.records) == 1  # one log line
-    assert any("content check on 8 lists" in n for n in first[-1].notes)
+    assert any("content check (8 lists, p = " in n and "reads the passages" in n for n in first[-1].notes)
     copy = rr.with_options(method="first-token-capcal")
     assert copy.content_decision() is decision
     before = endpoint.server.stats.prompts
     ranking = asyncio.run(copy.arerank(*data[8][:2]))
     assert endpoint.server.stats.prompts - before == 2  # the real and the empty prompt: no second reading
-    assert any("content check on 8 lists" in n for n in ranking.notes)
+    assert any("content check (8 lists" in n for n in ranking.notes)
 
 
 def test_another_template_or_placeholder_is_decided_afresh():
@@ -176,7 +176,7 @@ def test_a_saved_decision_is_used_by_a_new_process_where_it_applies(tmp_path, ca
     fresh = fresh_endpoint.reranker(decision=str(saved))
     ranking = fresh.rerank(*data[9][:2])
     assert fresh_endpoint.server.stats.prompts == 2  # decided already: no second reading
-    assert "(saved)" in ranking.notes[0] and fresh.content_decision().saved
+    assert ", saved)" in ranking.notes[0] and fresh.content_decision().saved
     with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
         other = fresh.with_options(template="rank_gpt")
         assert "pending" in other.rerank(*data[9][:2]).notes[0]
