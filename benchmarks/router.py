@@ -3,10 +3,11 @@
     python benchmarks/router.py [--data ../shared/data/beir-scifact-test] [--queries 4] [--passages 5]
 
 A fixed set of lists (the first ``--queries`` SciFact queries, BM25 top ``--passages``, 40 words each),
-ranked with method capcal one list after another, three ways, each on freshly started servers (empty
-prompt caches): directly on one server (the library's default: mixed prompts, slot pins), through the
-router with the per-list key (``routed=True``, the default ``X-Session-ID``), and through the router
-without a key (``routing_header=None``). Per way: requests (as the library counts them, and as the
+ranked with method capcal one list after another, four ways, each on freshly started servers (empty
+prompt caches): directly on one server (the library's default: mixed prompts, slot pins), directly on
+one server as ``routed=True`` sends (token-id prompts, no slot pins: what the router runs cost on one
+server), through the router with the per-list key (``routed=True``, the default ``X-Session-ID``), and
+through the router without a key (``routing_header=None``). Per way: requests (as the library counts them, and as the
 servers received them), servers per list, prompt tokens the servers evaluated (from their own logs:
 tokens not found in their prompt cache), cached prompt tokens (``usage.prompt_tokens_details``: llama.cpp
 reports the first prompt of each prompt list), wall time, and whether each ranking equals the direct
@@ -24,6 +25,7 @@ import gzip
 import json
 import pathlib
 import platform
+import signal
 import sys
 import time
 
@@ -36,6 +38,7 @@ from tests._router import Rig  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 WAYS = {
     "one server, direct": None,
+    "one server, direct, routed=True (no slot pins)": {"routed": True, "direct": True},
     "router, per-list key": {"routed": True},
     "router, no key": {"routed": True, "routing_header": None},
 }
@@ -54,9 +57,11 @@ def lists(data: pathlib.Path, queries: int, passages: int) -> list[tuple[str, li
 
 
 def run_way(name: str, settings: dict | None, todo: list[tuple[str, list[str]]]) -> dict:
+    settings = dict(settings or {})
+    direct = settings.pop("direct", not settings)
     with Rig() as rig:
-        url = rig.backends[0] if settings is None else rig.url
-        rr = CapCalReranker(base_url=url, api_key="none", method="capcal", max_passage_words=40, **(settings or {}))
+        url = rig.backends[0] if direct else rig.url
+        rr = CapCalReranker(base_url=url, api_key="none", method="capcal", max_passage_words=40, **settings)
         rr.capabilities()  # the probe is not part of the lists' cost
         per_list, started = [], time.monotonic()
         for query, passages in todo:
@@ -66,12 +71,12 @@ def run_way(name: str, settings: dict | None, todo: list[tuple[str, list[str]]])
             time.sleep(0.5)  # the servers' last log lines
             seen, tasks = rig.since(mark), rig.tasks(mark)
             per_list.append({
-                "order": list(ranking.order), "seconds": round(seconds, 2),
+                "order": list(ranking.order), "scores": list(ranking.scores), "seconds": round(seconds, 2),
                 "requests": ranking.usage.requests, "cached_tokens": ranking.usage.cached_tokens,
                 "prompt_tokens_reported": ranking.usage.prompt_tokens,
                 # direct runs bypass the proxies: the servers' logs say where the prompts ran
-                "servers_by_requests": len({s.backend for s in seen}) if settings is not None else None,
-                "requests_seen": len(seen) if settings is not None else None,
+                "servers_by_requests": None if direct else len({s.backend for s in seen}),
+                "requests_seen": None if direct else len(seen),
                 "servers_by_prompts": sum(bool(t) for t in tasks),
                 "prompts_run": sum(len(t) for t in tasks), "tokens_evaluated": sum(sum(t) for t in tasks)})
         wall = time.monotonic() - started
@@ -81,17 +86,18 @@ def run_way(name: str, settings: dict | None, todo: list[tuple[str, list[str]]])
 def table(results: list[dict]) -> str:
     direct = results[0]["lists"]
     head = ("| way | requests (library) | requests at the servers | servers per list | prompts run | prompt tokens "
-            "evaluated | cached prompt tokens (usage) | wall time | rankings equal to direct |\n"
-            "|---|---:|---:|---|---:|---:|---:|---:|---:|")
+            "evaluated | cached prompt tokens (usage) | wall time | orders equal to direct | largest score gap |\n"
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     rows = []
     for r in results:
         ls = r["lists"]
         at_servers = sum(x["requests_seen"] for x in ls) if ls[0]["requests_seen"] is not None else None
         spread = ", ".join(str(x["servers_by_prompts"]) for x in ls)
         equal = sum(x["order"] == d["order"] for x, d in zip(ls, direct))
+        gap = max(abs(a - b) for x, d in zip(ls, direct) for a, b in zip(x["scores"], d["scores"]))
         rows.append(f"| {r['way']} | {sum(x['requests'] for x in ls)} | {at_servers or '-'} | {spread} | "
                     f"{sum(x['prompts_run'] for x in ls)} | {sum(x['tokens_evaluated'] for x in ls)} | "
-                    f"{sum(x['cached_tokens'] for x in ls)} | {r['wall_seconds']:.0f} s | {equal}/{len(ls)} |")
+                    f"{sum(x['cached_tokens'] for x in ls)} | {r['wall_seconds']:.0f} s | {equal}/{len(ls)} | {gap:.3f} |")
     return "\n".join([head, *rows])
 
 
@@ -101,6 +107,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=4)
     parser.add_argument("--passages", type=int, default=5)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the servers and the router are stopped
     todo = lists(args.data, args.queries, args.passages)
     results = []
     for name, settings in WAYS.items():
@@ -127,6 +134,11 @@ def main() -> int:
         "- *prompt tokens evaluated*: the prompt tokens the servers computed (not found in their prompt cache), "
         "from their logs; *cached prompt tokens*: what `usage.prompt_tokens_details.cached_tokens` reported "
         "(llama.cpp reports the first prompt of each prompt list).",
+        "- *routed=True* sends no llama.cpp slot pins (a slot number means nothing across servers), so llama.cpp "
+        "spreads the prompts of one prompt list over its idle slots and each slot computes the whole prompt; the "
+        "second row measures that on one server, apart from any router.",
+        "- *largest score gap*: the largest difference of a passage's score from the direct run (orders that differ "
+        "differ at near-ties; llama.cpp's log-probabilities drift with the cache state).",
         "- The two replicas share the same 2 CPU cores, so the wall-time ratio shows locality (prompt tokens "
         "recomputed), not capacity.",
     ]

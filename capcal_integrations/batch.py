@@ -113,11 +113,17 @@ def finished(output: str | os.PathLike[str]) -> set[tuple[str, Any]]:
 
 
 def _rows(source: Any) -> list[dict[str, Any]]:
-    """The lists of a JSONL path, a Ray Dataset (``iter_rows``) or an iterable of mappings, in order."""
+    """The lists of a JSONL path, a Ray Dataset (``iter_rows``) or an iterable of mappings, in order.
+    A Dataset's rows need a ``qid``: Ray Data does not promise an order, so a row number would not
+    name the same list in the next run."""
     if isinstance(source, (str, os.PathLike)):
         return read_rows(source)
-    rows = source.iter_rows() if hasattr(source, "iter_rows") else source
-    return [_checked_row(row, f"row {k}", k) for k, row in enumerate(rows)]
+    dataset = hasattr(source, "iter_rows")
+    rows = [_checked_row(row, f"row {k}", k) for k, row in enumerate(source.iter_rows() if dataset else source)]
+    if dataset and not all("qid" in row for row in rows):
+        raise InputError("every row of a Ray Dataset needs a 'qid' (its order may change between runs, so a row "
+                         "number could not say which lists a resumed run has done)")
+    return rows
 
 
 def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequence[str], workers: int | None = None,

@@ -217,7 +217,8 @@ def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
 def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
     """One ``/v1/completions`` request per prompt with every prefix as a prompt list, the prefix as the
     served model's token ids, pinned to a llama.cpp slot (not when ``state.routed``: then llama.cpp's
-    prompts go as token ids only, :func:`_ids_only`). The prompt itself is :func:`sent_prompt`."""
+    prompts go as token ids only, :func:`_ids_only`, one by one, :func:`_prompt_by_prompt`). The prompt
+    itself is :func:`sent_prompt`."""
     tokens = caps.transport == "token-completions"
     missing = [key for key in dict.fromkeys(q.prompt for q in queries) if key not in state.templates]
     if missing:
@@ -241,7 +242,7 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
             body["id_slot"] = slot
         calls.append(Call("POST", "completions", body))
     try:
-        answers = yield calls
+        answers = (yield from _prompt_by_prompt(calls)) if ids_only and caps.slots > 1 else (yield calls)
     finally:
         for call in calls:
             state.slots.release(call.body.get("id_slot") if call.body else None)
@@ -250,6 +251,21 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
         for i, choice in zip(members, _choices(answer, len(members))):
             choices[i] = choice
     return choices
+
+
+def _prompt_by_prompt(calls: list[Call]) -> Flow[list[Any]]:
+    """The answers to ``calls`` (prompt lists) for llama.cpp without slot pins (``routed``). It runs the
+    prompts of one prompt list in all its idle slots at once, each slot computing the whole prompt; sent
+    one by one instead (each list's prompts in turn, the lists side by side), each prompt goes to the idle
+    slot most like it, the one that holds its prefix, and costs only its last tokens."""
+    bodies = [dict(call.body or {}) for call in calls]
+    parts: list[list[Any]] = [[] for _ in calls]
+    for r in range(max(len(body["prompt"]) for body in bodies)):
+        live = [k for k, body in enumerate(bodies) if r < len(body["prompt"])]
+        answers = yield [Call("POST", "completions", {**bodies[k], "prompt": [bodies[k]["prompt"][r]]}) for k in live]
+        for k, answer in zip(live, answers):
+            parts[k].extend(_choices(answer, 1))
+    return [{"choices": [{**choice, "index": i} for i, choice in enumerate(choices)]} for choices in parts]
 
 
 def _mixed_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:

@@ -1,5 +1,5 @@
 """Batch reranking on Ray (capcal_integrations/batch.py): resuming, a run killed midway, and a local
-Ray cluster with two real servers.
+Ray cluster with two real servers (a Ray Dataset in).
 
 The killed run is a real ``capcal rerank --input ... --output ... --base-url A,B`` process on a local
 Ray, against two copies of the fake endpoint served over loopback HTTP (slowed down, so that it is
@@ -203,8 +203,12 @@ def test_batch_on_a_local_ray_with_two_servers(local_ray, server_url, hosted_ser
                 "Paris is the capital of France.", "Cats are obligate carnivores and eat meat.",
                 "The violin has four strings.", "Rain is water falling from clouds."]}]
     endpoints, method = [server_url, hosted_server], {**METHOD, "guard": None}  # one list per worker, two prompts each
+    unnamed = local_ray.data.from_items([{k: v for k, v in r.items() if k != "qid"} for r in rows])
+    with pytest.raises(InputError, match="needs a 'qid'"):
+        rerank_batch(unnamed, tmp_path / "out.jsonl", endpoints=endpoints)
     started = time.monotonic()
-    result = rerank_batch(rows, tmp_path / "out.jsonl", endpoints=endpoints, api_key="none", **method)
+    result = rerank_batch(local_ray.data.from_items(rows), tmp_path / "out.jsonl", endpoints=endpoints, api_key="none",
+                          **method)
     took = time.monotonic() - started
     assert (result.ranked, result.skipped) == (2, 0)
     done = {r["qid"]: r for r in lines(tmp_path / "out.jsonl")}
@@ -215,6 +219,6 @@ def test_batch_on_a_local_ray_with_two_servers(local_ray, server_url, hosted_ser
         assert sorted(got) == list(range(4))
         assert all(abs(got[i] - direct.scores[i]) <= TIE for i in range(4)), (got, direct.scores)
     assert done["flea"]["order"][0] == 1  # the one relevant passage
-    again = rerank_batch(rows, tmp_path / "out.jsonl", endpoints=endpoints, api_key="none", **method)
+    again = rerank_batch(rows, tmp_path / "out.jsonl", endpoints=endpoints, api_key="none", **method)  # as a list
     assert (again.ranked, again.skipped) == (0, 2) and len(lines(tmp_path / "out.jsonl")) == 2
     sys.stderr.write(f"2 lists on a local Ray, two servers: {took:.1f} s\n")  # shown with -s

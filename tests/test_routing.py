@@ -134,6 +134,7 @@ def test_routed_sends_no_slot_pins_and_token_ids_only():
     ranking = [b for b in prompts if isinstance(b["prompt"][0], list)]
     assert ranking and all("id_slot" not in b for b in ranking)
     assert all(isinstance(x, int) for b in ranking for p in b["prompt"] for x in p)
+    assert all(len(b["prompt"]) == 1 for b in ranking)  # one by one: llama.cpp keeps each in the slot of its prefix
     tokenized = [json.loads(c.content) for c in calls if c.url.path == "/tokenize"]
     assert any(isinstance(t["content"], list) and t["parse_special"] for t in tokenized)  # the mixed prompt, as ids
     direct = reranker(make_handler(slots=4), method="capcal").rerank(QUERY, PASSAGES)  # mixed prompts, pinned
