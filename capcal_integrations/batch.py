@@ -33,7 +33,7 @@ from .options import Options
 from .reranker import CapCalReranker
 from .types import Ranking
 
-__all__ = ["rerank_batch", "read_rows", "finished", "record", "BatchResult"]
+__all__ = ["rerank_batch", "read_rows", "finished", "record", "worker_options", "BatchResult"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,21 @@ def _rows(source: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def worker_options(endpoints: Sequence[str], workers: int, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ranking options of every worker, checked (before Ray starts). Several workers on one endpoint
+    are several clients of it, and none may pin a llama.cpp slot another's request may be using, so
+    ``routed`` defaults to True there (no pins, prompts one by one; see :mod:`.routing`).
+
+    >>> worker_options(["http://a/v1"], 2, {})["routed"], worker_options(["http://a/v1", "http://b/v1"], 2, {})
+    (True, {})
+    """
+    out = dict(options)
+    if workers > len(set(endpoints)):
+        out.setdefault("routed", True)
+    Options().replace(**out)
+    return out
+
+
 def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequence[str], workers: int | None = None,
                  lists_per_worker: int = 2, api_key: str | None = None, model: str | None = None,
                  top_n: int | None = None, progress: bool = True, **options: Any) -> BatchResult:
@@ -134,14 +149,15 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
 
     ``endpoints``: base URLs; worker ``k`` talks to ``endpoints[k % len(endpoints)]``. ``workers``
     (default one per endpoint) Ray actors rank ``lists_per_worker`` lists at a time each. ``options``
-    are ranking options (:class:`~.options.Options`). Uses the running Ray (``ray.init`` first to
+    are ranking options (:class:`~.options.Options`); ``routed`` defaults to True when workers share an
+    endpoint (a router URL, or more workers than URLs). Uses the running Ray (``ray.init`` first to
     choose the cluster or its size), else starts a local one."""
     if isinstance(endpoints, str) or not endpoints or not all(isinstance(e, str) and e for e in endpoints):
         raise InputError("endpoints must be a non-empty list of base URLs")
     workers = len(endpoints) if workers is None else workers
     if not (isinstance(workers, int) and workers >= 1 and isinstance(lists_per_worker, int) and lists_per_worker >= 1):
         raise InputError(f"workers and lists_per_worker must be integers >= 1, got {workers} and {lists_per_worker}")
-    Options().replace(**options)  # checked here, before Ray starts
+    options = worker_options(endpoints, workers, options)
     rows = _rows(source)
     keys = [_key(row) for row in rows]
     if len(set(keys)) < len(keys):
