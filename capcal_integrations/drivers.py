@@ -74,8 +74,11 @@ def _request(call: Call, route: ListRoute | None) -> tuple[dict[str, Any], dict[
 
 def _send_sync(client: Any, call: Call, route: ListRoute | None = None, deadline: Deadline | None = None) -> Any:
     body, options = _request(call, route)
-    if deadline is not None:  # the time left is the request's timeout; nothing is sent once it is gone
-        options = {**options, **deadline.request_options()}
+    if deadline is not None:  # the time left is the request's timeout (or the client's, if shorter)
+        options = {**options, **deadline.request_options()}  # nothing is sent once it is gone
+        own = getattr(client, "timeout", None)
+        if isinstance(own, (int, float)) and not isinstance(own, bool) and own < options["timeout"]:
+            options["timeout"] = own
     try:
         if call.method == "GET":
             return _checked(client.get(_url(client, call), cast_to=object, options=options), call)

@@ -21,7 +21,7 @@ import httpx2
 import openai
 import pytest
 
-from capcal_integrations import CapCalReranker, InputError
+from capcal_integrations import CapCalReranker, EndpointTimeout, InputError
 from capcal_integrations.deadline import Deadline, DeadlinePassed, partial_order, within
 from capcal_integrations.depth import borda_decoded, window_depths
 from capcal_integrations.drivers import run_async, run_sync
@@ -233,6 +233,14 @@ def test_driver_abandons_the_request_at_the_deadline(mode):
     assert result == "cut" and usage.requests == 1  # sent, then abandoned: no retry
     assert time.monotonic() - started < 0.5 + 0.5
     assert server.hung_up.wait(5), "the connection was left open"
+
+
+def test_a_shorter_client_timeout_still_applies_under_a_deadline():
+    server = _SilentServer()
+    started = time.monotonic()
+    with pytest.raises(EndpointTimeout):  # the client's own timeout, an error as without a deadline
+        run_sync(_one_call(), openai.OpenAI(base_url=server.url, api_key="x", timeout=0.3, max_retries=0), None, 5.0)
+    assert time.monotonic() - started < 2.0
 
 
 # --------------------------------------------------------------------------- the real server
