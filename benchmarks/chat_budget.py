@@ -1,13 +1,14 @@
 """A chat turn's budget: vanilla and CapCal, each at full depth and at depth 5, side by side in one run.
 
-    python benchmarks/chat_budget.py --queries 5            # the embedded server, started here
-    python benchmarks/chat_budget.py --base-url URL --warm  # a running server (its caches are left alone)
+    python benchmarks/chat_budget.py --queries 5              # embedded servers, started here
+    python benchmarks/chat_budget.py --base-url URL [URL ...]   # running servers, one per configuration
 
 DL19 BM25 top-20 (``../shared/data/trec-dl19-passage``). For each query the four configurations run back to
-back on one server, so that a noisy shared machine slows them alike. Without ``--warm`` the server is the
-embedded one started here, and every slot's cache is erased before each configuration: each one pays for its
-prompts cold, as a chat turn with newly retrieved passages does (vanilla and CapCal share the real prompt,
-and a warm cache would hand it to whichever ran second).
+back, so that a noisy shared machine slows them alike, each on its own embedded llama.cpp server (four are
+started here): every configuration meets each query's prompts cold, as a chat turn with newly retrieved
+passages does. On one server they would not: vanilla and CapCal share the real prompt, and the server's
+prompt cache would hand it to whichever ran second (and llama.cpp erases a slot only when started with a
+slot save path). One ``--base-url`` for all four measures that warm case instead.
 
 Per configuration: wall time, HTTP requests, prompt/completion/cached tokens per list, decoding steps,
 nDCG@5 (and nDCG@10, where the places below the depth count in their stated order) and, for depth 5,
@@ -27,7 +28,6 @@ import platform
 import statistics
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
@@ -36,18 +36,6 @@ from capcal_integrations.evaluation.data import load_dataset  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
 CONFIGS = [("vanilla", None), ("vanilla", 5), ("capcal", None), ("capcal", 5)]
-
-
-def erase_slots(base_url: str, api_key: str | None) -> None:
-    """Empty every llama.cpp slot's prompt cache (``POST /slots/{id}?action=erase``)."""
-    root = base_url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with urllib.request.urlopen(urllib.request.Request(root + "/slots", headers=headers), timeout=30) as answer:
-        slots = json.load(answer)
-    for slot in slots:
-        request = urllib.request.Request(f"{root}/slots/{slot['id']}?action=erase", data=b"{}", method="POST",
-                                         headers={"Content-Type": "application/json", **headers})
-        urllib.request.urlopen(request, timeout=30).read()
 
 
 def ndcg(ranked: list[str], grades: dict[str, int], k: int) -> float:
@@ -70,32 +58,31 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=5)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--depth", type=int, default=5)
-    ap.add_argument("--base-url", help="a running server (default: start the embedded one)")
-    ap.add_argument("--warm", action="store_true", help="do not erase the slots' caches between configurations")
+    ap.add_argument("--base-url", nargs="+", help="running servers: one per configuration, or one for all (warm)")
     ap.add_argument("--out", default=str(HERE / "results" / "chat-budget"))
     args = ap.parse_args()
     configs = [(m, None if d is None else args.depth) for m, d in CONFIGS]
     data = load_dataset(args.data).select(args.queries)
     grades = data.grades()
     with contextlib.ExitStack() as stack:
-        url, key = args.base_url, os.environ.get("OPENAI_API_KEY")
-        if not url:
+        urls, key = args.base_url, os.environ.get("OPENAI_API_KEY")
+        if not urls:
             from capcal_integrations.server import EmbeddedServer
 
-            server = stack.enter_context(EmbeddedServer(model="0.5b", api_key="chat-budget"))
-            url, key = server.base_url, server.api_key
-        rr = CapCalReranker(base_url=url, api_key=key, guard=None)
-        caps = rr.capabilities()
+            servers = [stack.enter_context(EmbeddedServer(model="0.5b", n_parallel=4, api_key="chat-budget"))
+                       for _ in configs]
+            urls, key = [s.base_url for s in servers], "chat-budget"
+        rerankers = [CapCalReranker(base_url=urls[k % len(urls)], api_key=key, guard=None, method=method, depth=depth)
+                     for k, (method, depth) in enumerate(configs)]
+        caps = [rr.capabilities() for rr in rerankers][0]
         rows = []
         for topic in data.topics:
             passages = [c.text for c in topic.candidates[:args.top]]
             docids = [c.docid for c in topic.candidates[:args.top]]
             runs = {}
-            for method, depth in configs:
-                if not args.warm:
-                    erase_slots(url, key)
+            for rr, (method, depth) in zip(rerankers, configs):
                 started = time.perf_counter()
-                ranking = rr.with_options(method=method, depth=depth).rerank(topic.query, passages)
+                ranking = rr.rerank(topic.query, passages)
                 seconds = time.perf_counter() - started
                 runs[(method, depth)] = ranking
                 ranked = [docids[i] for i in ranking.order]
@@ -126,7 +113,8 @@ def main() -> None:
         summary.append(entry)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores "
               f"(shared), load average {os.getloadavg()[0]:.1f} at the end", "server": caps.server, "model": caps.model,
-              "transport": caps.transport, "cache": "warm" if args.warm else "erased before each configuration",
+              "transport": caps.transport, "cache": "cold (one server per configuration)" if len(set(urls)) == len(configs)
+              else "shared between configurations (warm)",
               "data": pathlib.Path(args.data).name, "top": args.top, "guard": None,
               "queries": [t.qid for t in data.topics], "bm25_ndcg5": round(statistics.fmean(bm25.values()), 4),
               "summary": summary, "rows": rows}
@@ -140,7 +128,7 @@ def main() -> None:
 def report(result: dict) -> str:
     lines = [f"# A chat turn's budget ({result['date']})", "",
              f"{result['data']}, BM25 top-{result['top']}, {len(result['queries'])} queries; {result['server']} "
-             f"server, model `{result['model']}`, transport `{result['transport']}`; slot caches "
+             f"server, model `{result['model']}`, transport `{result['transport']}`; prompt caches "
              f"{result['cache']}; guard=None. Machine: {result['machine']}. Per list (means; time also median):", "",
              "| method | depth | s / list | median s | requests | prompt tokens | completion tokens | cached tokens | "
              "steps | nDCG@5 | nDCG@10 | top = full's | steps = full's |",
