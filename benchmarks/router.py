@@ -101,13 +101,7 @@ def table(results: list[dict]) -> str:
     return "\n".join([head, *rows])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=pathlib.Path, default=ROOT.parent / "shared" / "data" / "beir-scifact-test")
-    parser.add_argument("--queries", type=int, default=4)
-    parser.add_argument("--passages", type=int, default=5)
-    args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the servers and the router are stopped
+def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     todo = lists(args.data, args.queries, args.passages)
     results = []
     for name, settings in WAYS.items():
@@ -121,6 +115,22 @@ def main() -> int:
             "one thread and 4 slots per replica)", "lists": len(todo), "passages": args.passages, "method": "capcal"}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "router.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    return meta, results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=pathlib.Path, default=ROOT.parent / "shared" / "data" / "beir-scifact-test")
+    parser.add_argument("--queries", type=int, default=4)
+    parser.add_argument("--passages", type=int, default=5)
+    parser.add_argument("--report-only", action="store_true", help="rewrite router.md from router.json")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the servers and the router are stopped
+    if args.report_only:
+        stored = json.loads((RESULTS / "router.json").read_text())
+        meta, results = stored["meta"], stored["results"]
+    else:
+        meta, results = measure(args)
     md = [
         "# Two replicas behind vllm-router: with and without the routing key",
         "",
@@ -132,11 +142,15 @@ def main() -> int:
         "",
         "- *servers per list*: how many servers ran a list's completion prompts (their own logs), per list.",
         "- *prompt tokens evaluated*: the prompt tokens the servers computed (not found in their prompt cache), "
-        "from their logs; *cached prompt tokens*: what `usage.prompt_tokens_details.cached_tokens` reported "
-        "(llama.cpp reports the first prompt of each prompt list).",
-        "- *routed=True* sends no llama.cpp slot pins (a slot number means nothing across servers), so llama.cpp "
-        "spreads the prompts of one prompt list over its idle slots and each slot computes the whole prompt; the "
-        "second row measures that on one server, apart from any router.",
+        "from their logs: the measure of locality. *cached prompt tokens*: what "
+        "`usage.prompt_tokens_details.cached_tokens` reported; llama.cpp reports the first prompt of each prompt "
+        "list only, so the first row (prompt lists) counts a fraction of its prompts and the others (one prompt per "
+        "request) count all.",
+        "- *routed=True* sends no llama.cpp slot pins (a slot number means nothing across servers) and token-id "
+        "prompts one by one, so that llama.cpp puts each in the slot that holds its prefix; the second row is that on "
+        "one server, apart from any router: about the prompt tokens of the pinned prompt lists, in more requests. (Sent "
+        "as prompt lists without pins, a first run computed 16399 prompt tokens through the router with the key, "
+        "18794 without: llama.cpp ran a list's prompts in all its idle slots, each computing the whole prompt.)",
         "- *largest score gap*: the largest difference of a passage's score from the direct run (orders that differ "
         "differ at near-ties; llama.cpp's log-probabilities drift with the cache state).",
         "- The two replicas share the same 2 CPU cores, so the wall-time ratio shows locality (prompt tokens "
