@@ -27,7 +27,8 @@ from tests.fake_endpoint import clients, make_handler
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTS = [{"query": f"query {k}", "passages": [f"passage {k}.{i}" for i in range(4)]} for k in range(12)]
-METHOD = {"method": "first-token-capcal"}
+# no content check: guard="content" decides once per reranker, from the lists each worker happens to rank first
+METHOD = {"method": "first-token-capcal", "guard": None}
 
 
 def write_input(path: Path, rows=LISTS) -> Path:
@@ -129,7 +130,7 @@ class _Serve(BaseHTTPRequestHandler):
 def _batch_command(tmp_path: Path, urls: list[str]) -> list[str]:
     return [sys.executable, "-m", "capcal_integrations.cli", "rerank", "--input", str(tmp_path / "in.jsonl"),
             "--output", str(tmp_path / "out.jsonl"), "--base-url", ",".join(urls), "--api-key", "none",
-            "--method", "first-token-capcal"]
+            "--method", "first-token-capcal", "--guard", "none"]
 
 
 def _run(command: list[str]) -> subprocess.Popen:
@@ -202,7 +203,7 @@ def test_batch_on_a_local_ray_with_two_servers(local_ray, server_url, hosted_ser
             {"qid": "cats", "query": "what do cats eat", "passages": [
                 "Paris is the capital of France.", "Cats are obligate carnivores and eat meat.",
                 "The violin has four strings.", "Rain is water falling from clouds."]}]
-    endpoints, method = [server_url, hosted_server], {**METHOD, "guard": None}  # one list per worker, two prompts each
+    endpoints, method = [server_url, hosted_server], METHOD  # one list per worker, two prompts each
     unnamed = local_ray.data.from_items([{k: v for k, v in r.items() if k != "qid"} for r in rows])
     with pytest.raises(InputError, match="needs a 'qid'"):
         rerank_batch(unnamed, tmp_path / "out.jsonl", endpoints=endpoints)

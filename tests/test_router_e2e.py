@@ -32,7 +32,9 @@ LISTS = [
     ("when was the eiffel tower built", ["Bananas grow in tropical climates.", "The tower opened in 1889.",
                                          "Gustave Eiffel's company built it for the World's Fair.", "Rain is water."]),
 ]
-METHOD = dict(method="first-token-capcal")  # one decoding step: the fewest requests that still use every route
+# one decoding step: the fewest requests that still use every route; no content check (guard="content"
+# decides once per reranker from the lists it ranked first, so two rerankers could differ by their history)
+METHOD = dict(method="first-token-capcal", guard=None)
 
 
 @pytest.fixture(scope="module")
