@@ -158,6 +158,9 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
     if not (isinstance(workers, int) and workers >= 1 and isinstance(lists_per_worker, int) and lists_per_worker >= 1):
         raise InputError(f"workers and lists_per_worker must be integers >= 1, got {workers} and {lists_per_worker}")
     options = worker_options(endpoints, workers, options)
+    if Options().replace(**options).guard == "content" and not options.get("decision"):
+        log.warning("batch: each worker decides the content check on the first lists it ranks; for one decision "
+                    "across workers and resumed runs, pass decision=... (reranker.content_decision().to_json())")
     rows = _rows(source)
     keys = [_key(row) for row in rows]
     if len(set(keys)) < len(keys):
