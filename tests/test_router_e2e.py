@@ -19,7 +19,7 @@ import time
 import pytest
 
 from capcal_integrations import CapCalReranker
-from tests._compare import assert_same_ranking
+from tests._compare import assert_same_order_up_to_ties
 from tests._router import Rig, router_binary
 from tests._samples import PASSAGES, QUERY
 
@@ -67,7 +67,7 @@ def test_with_the_key_every_request_of_a_list_reaches_one_server_and_ranks_as_th
         assert [bool(t) for t in tasks] == [k == backend for k in range(2)]  # the servers' logs agree
         backends.add(backend)
         direct = CapCalReranker(base_url=rig.backends[backend], api_key="none", **METHOD).rerank(query, passages)
-        assert_same_ranking(ranking, direct)
+        assert_same_order_up_to_ties(ranking, direct)  # first-token: the order is the first step's scores
     sys.stderr.write(f"lists on servers {sorted(backends)}\n")  # shown with -s
 
 
