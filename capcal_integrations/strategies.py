@@ -219,6 +219,8 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             break
         if start == 0 and result.decoded is not None:  # a generated answer that left identifiers out
             decoded = min(result.decoded, n if decoded is None else decoded)
+        if start == 0 and result.guarded:  # the top window kept its given order (marked kept_given_order), not cut
+            decoded = None
     for i in order[n if decoded is None else decoded:]:
         confidence[i] = 0.0  # not decided
     if bounds and route(state.caps, opts.prompt) == "generation":

@@ -128,6 +128,14 @@ def test_depth_keeps_the_full_decodings_top_and_marks_the_rest(method):
     assert sorted(range(8), key=lambda i: -cut.scores[i]) == list(cut.order)
 
 
+def test_a_window_kept_in_its_given_order_is_not_called_cut():
+    rr = _reranker(method="capcal").with_options(guard=100.0, depth=3)  # the per-list guard keeps every window
+    ranking = rr.rerank("a query", PASSAGES)
+    assert ranking.guarded == (0,) and ranking.order == tuple(range(8))
+    assert ranking.decoded is None and not any(n.startswith("depth=") for n in ranking.notes)
+    assert all(d["kept_given_order"] and d["decoded"] for d in ranking.details())
+
+
 def test_depth_with_a_sliding_window():
     passages = [f"p{i} " + "word " * (i % 4) for i in range(30)]
     rr = _reranker(method="vanilla", window=20, stride=10)
@@ -263,13 +271,13 @@ def _dl19(k: int) -> tuple[str, list[str]]:
 
 
 def test_depth_top_matches_full_depth_on_the_real_server(server_url, test_model):
-    """Same prompts, same greedy steps: depth 3 leaves the top 3 of the full decoding unchanged."""
+    """Same prompts, same greedy steps: depth 5 leaves the top 5 of the full decoding unchanged."""
     query, passages = _dl19(8)
     rr = CapCalReranker(base_url=server_url, model=test_model, method="capcal", guard=None, max_passage_words=40)
     full = rr.rerank(query, passages)
-    cut = rr.with_options(depth=3).rerank(query, passages)
-    assert cut.order[:3] == full.order[:3] and cut.decoded == 3 and len(cut.steps) == 3
-    assert [s.chosen for s in cut.steps] == [s.chosen for s in full.steps[:3]]
+    cut = rr.with_options(depth=5).rerank(query, passages)
+    assert cut.order[:5] == full.order[:5] and cut.decoded == 5 and len(cut.steps) == 5 and len(full.steps) == 7
+    assert [s.chosen for s in cut.steps] == [s.chosen for s in full.steps[:5]]
     assert cut.usage.requests < full.usage.requests
 
 
