@@ -200,7 +200,7 @@ def test_serve_turns_a_failed_server_init_into_server_error(monkeypatch, tmp_pat
     class Params(types.SimpleNamespace):
         def __init__(self) -> None:
             super().__init__(model=types.SimpleNamespace(), cpuparams=types.SimpleNamespace(),
-                             cpuparams_batch=types.SimpleNamespace())
+                             cpuparams_batch=types.SimpleNamespace(), n_ubatch=512)  # llama.cpp's default
 
     def fail(params: object) -> None:
         raise RuntimeError("Failed to init server")
