@@ -74,8 +74,9 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
     p.n_parallel = n_parallel  # the reranker keeps a "real" and an "empty" prompt cached in separate slots
     p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads or os.cpu_count() or 1
     # a request whose client has gone (a deadline passed) is cancelled between two batches: one ubatch (512
-    # tokens, the default), not 2048, so it stops within one ubatch's work; the compute per ubatch is unchanged
-    p.n_batch = p.n_ubatch
+    # tokens, llama.cpp's default n_ubatch), not 2048, so it stops within one ubatch's work; the compute per
+    # ubatch is unchanged
+    p.n_batch = 512
     p.model_alias = [alias]  # must be a list: a plain str is split into characters
     # llama.cpp keeps old prompts' KV in host RAM (8 GiB by default); a reranker revisits few of them
     p.cache_ram_mib = cache_ram_mib
