@@ -60,10 +60,17 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--base-url", nargs="+", help="running servers: one per configuration, or one for all (warm)")
     ap.add_argument("--out", default=str(HERE / "results" / "chat-budget"))
+    ap.add_argument("--from-log", help="summarise the rows a run printed (one JSON object per line) and stop")
     args = ap.parse_args()
     configs = [(m, None if d is None else args.depth) for m, d in CONFIGS]
     data = load_dataset(args.data).select(args.queries)
     grades = data.grades()
+    if args.from_log:
+        rows = [json.loads(line) for line in open(args.from_log, encoding="utf-8") if line.startswith('{"qid"')]
+        meta = {"server": "llama.cpp", "model": "local", "transport": "completions", "cache": "cold (one server per "
+                "configuration)", "note": f"summarised from the rows printed by a run cut short ({args.from_log})"}
+        write(args, configs, data, grades, rows, meta)
+        return
     with contextlib.ExitStack() as stack:
         urls, key = args.base_url, os.environ.get("OPENAI_API_KEY")
         if not urls:
@@ -98,7 +105,20 @@ def main() -> None:
                     row["same_steps"] = [s.chosen for s in ranking.steps] == [s.chosen for s in full.steps[:depth]]
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "order"}), flush=True)
-        bm25 = {t.qid: ndcg([c.docid for c in t.candidates[:args.top]], grades.get(t.qid, {}), 5) for t in data.topics}
+            meta = {"server": caps.server, "model": caps.model, "transport": caps.transport,
+                    "cache": "cold (one server per configuration)" if len(set(urls)) == len(configs)
+                    else "shared between configurations (warm)"}
+            write(args, configs, data, grades, rows, meta)  # after each query: a run cut short keeps what it measured
+
+
+def write(args: argparse.Namespace, configs: list, data, grades: dict, rows: list[dict], meta: dict) -> None:
+    """The summary of ``rows`` (the queries measured in all four configurations) to --out .json and .md."""
+    done = [q for q in dict.fromkeys(r["qid"] for r in rows) if sum(r["qid"] == q for r in rows) == len(configs)]
+    rows = [r for r in rows if r["qid"] in done]
+    topics = [t for t in data.topics if t.qid in done]
+    bm25 = {t.qid: ndcg([c.docid for c in t.candidates[:args.top]], grades.get(t.qid, {}), 5) for t in topics}
+    if not rows:
+        return
     summary = []
     for method, depth in configs:
         mine = [r for r in rows if r["method"] == method and r["depth"] == depth]
@@ -112,11 +132,9 @@ def main() -> None:
             entry["same_steps"] = f"{sum(r['same_steps'] for r in mine)}/{len(mine)}"
         summary.append(entry)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores "
-              f"(shared), load average {os.getloadavg()[0]:.1f} at the end", "server": caps.server, "model": caps.model,
-              "transport": caps.transport, "cache": "cold (one server per configuration)" if len(set(urls)) == len(configs)
-              else "shared between configurations (warm)",
+              f"(shared), load average {os.getloadavg()[0]:.1f} at the end", **meta,
               "data": pathlib.Path(args.data).name, "top": args.top, "guard": None,
-              "queries": [t.qid for t in data.topics], "bm25_ndcg5": round(statistics.fmean(bm25.values()), 4),
+              "queries": done, "bm25_ndcg5": round(statistics.fmean(bm25.values()), 4),
               "summary": summary, "rows": rows}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
