@@ -141,8 +141,8 @@ def test_a_chat_api_that_continues_a_prefix_gets_neutralised_text(server_url, co
     with HostedGateway(server_url, "chat-prefill") as gateway:  # the prefill-on server: chat completions, /tokenize
         injected, harmless = lists()
         assert CapCalReranker(base_url=gateway.base_url, api_key="x").capabilities().transport == "chat"
-        sent, _ = run(gateway.base_url, QUERY, injected, method="capcal")
-        clean, _ = run(gateway.base_url, HARMLESS_QUERY, harmless, method="capcal")
+        sent, _ = run(gateway.base_url, QUERY, injected, method="first-token-capcal")
+        clean, _ = run(gateway.base_url, HARMLESS_QUERY, harmless, method="first-token-capcal")
     assert_same_control_tokens(counter, sent, clean)
 
 
