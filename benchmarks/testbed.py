@@ -29,6 +29,11 @@ HERE = pathlib.Path(__file__).parent
 DATA = pathlib.Path("/work/shared/data/trec-dl19-passage")
 
 
+def _file(out: pathlib.Path, suffix: str) -> pathlib.Path:
+    """``out`` with ``suffix`` appended (``testbed-real-0.5b`` keeps its dots)."""
+    return out.parent / (out.name + suffix)
+
+
 def checks(rows: list[Row]) -> list[str]:
     """Issue 17's conditions on the default, per (scenario, s): s = 0 decides "does not read" in >= 95 % of
     decisions and stays within .01 of BM25; s >= 0.5 decides "reads" in >= 95 % and stays within .01 of the
@@ -114,8 +119,8 @@ def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = Non
               "calibrated_lists": sum(not r.guarded for r in rankings), "seconds": seconds,
               "requests": sum(r.usage.requests for r in rankings), "prompt_tokens": sum(r.usage.prompt_tokens for r in rankings),
               "pooled": vars(pooled), "sets_of_8_passing": sum(c.p_value <= LEVEL for c in sets) / len(sets)}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text("\n".join([
+    _file(out, ".json").write_text(json.dumps(result, indent=1) + "\n")
+    _file(out, ".md").write_text("\n".join([
         f"# The content check on a real model ({rr.model} at {url})", "",
         f"Options: the defaults{', with ' + str(options) if options else ''}.", "",
         f"{len(lists)} DL19 top-20 lists. The default (content check, alpha auto) nDCG@10 {result['ndcg10_default']:.4f} "
@@ -147,11 +152,11 @@ def main() -> int:
 
         options = {k: Options.parse(k, v) for k, v in (x.split("=", 1) for x in args.set)}
         real_model(args.real, args.data, pathlib.Path(args.out), args.queries, **options)
-        print(pathlib.Path(args.out).with_suffix(".md").read_text())
+        print(_file(pathlib.Path(args.out), ".md").read_text())
         return 0
     lists = bench_lists(args.data)[:args.lists]
     out = pathlib.Path(args.out)
-    stored = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() and not args.fresh else {}
+    stored = json.loads(_file(out, ".json").read_text()) if _file(out, ".json").is_file() and not args.fresh else {}
     rows = [Row(**r) for r in stored.get("rows", [])]
     methods = {m: METHODS[m] for m in args.methods.split(",")}
     meta = stored.get("meta", {"draws": args.draws, "lists": len(lists), "seed": args.seed, "methods": methods})
@@ -165,7 +170,7 @@ def main() -> int:
             print(f"{name} s={s:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
             _write(out, rows, meta)
     _write(out, rows, meta)
-    print(out.with_suffix(".md").read_text())
+    print(_file(out, ".md").read_text())
     return 0
 
 
@@ -173,7 +178,7 @@ def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
     order = {n: i for i, n in enumerate(SCENARIOS)}
     methods = {m: i for i, m in enumerate(meta["methods"])}
     rows = sorted(rows, key=lambda r: (order.get(r.scenario, 99), r.s, methods.get(r.method, 99), r.method))
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    _file(out, ".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     per_list = {m: sum(r.seconds for r in rows if r.method == m) / max(1, sum(r.method == m for r in rows))
                 for m in methods}
     text = [
@@ -211,7 +216,7 @@ def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
         + ", ".join(f"{m} {v * 1000:.0f} ms" for m, v in per_list.items() if v) + ".",
         "",
     ]
-    out.with_suffix(".md").write_text("\n".join(text))
+    _file(out, ".md").write_text("\n".join(text))
 
 
 if __name__ == "__main__":
