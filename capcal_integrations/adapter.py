@@ -159,7 +159,8 @@ def _client_in(llm: Any, names: tuple[str, ...], kind: type) -> Any:
 def rerank_summary(ranking: Ranking, model: str | None, seconds: float) -> dict[str, Any]:
     """What an adapter's end event carries about one reranking: the method that ran, the model, the
     usage (HTTP requests, prompt, completion and cached tokens as the server reported them), the wall
-    time, how many places were decided (``decoded``, None: all), whether the deadline cut it
+    time, how many places were decided (``decoded``, None: all), whether the top window kept its first-stage
+    order because the model showed no content signal (``kept_given_order``), whether the deadline cut it
     (``partial``) and the notes.
 
     >>> from capcal_integrations.types import Usage
@@ -172,4 +173,4 @@ def rerank_summary(ranking: Ranking, model: str | None, seconds: float) -> dict[
             "usage": {"requests": usage.requests, "prompt_tokens": usage.prompt_tokens,
                       "completion_tokens": usage.completion_tokens, "cached_tokens": usage.cached_tokens},
             "seconds": round(seconds, 3), "passages": len(ranking.order), "decoded": ranking.decoded,
-            "partial": ranking.partial, "notes": list(ranking.notes)}
+            "kept_given_order": 0 in ranking.guarded, "partial": ranking.partial, "notes": list(ranking.notes)}

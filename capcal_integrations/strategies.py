@@ -191,7 +191,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     first_only = opts.method.startswith("first-token")
     order, confidence = list(range(n)), [0.0] * n
     steps: list[Step] = []
-    prior, bounds, agreement, guarded, notes = None, 0, [], [], []
+    prior, bounds, agreement, guarded, checked, notes = None, 0, [], [], [], []
     depths = window_depths(n, opts.window, opts.stride, None if first_only else opts.depth)  # see .depth
     decoded, partial = None if first_only else decoded_places(n, opts.depth), False
     for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
@@ -202,6 +202,8 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             agreement.append(result.agreement)
         if result.guarded:
             guarded.append(w)
+        if result.checked:
+            checked.append(w)
         if result.guarded and result.agreement is not None:  # the per-list guard (the content check notes its own)
             notes.append(f"window {w} kept in its given order: the calibrated first-step scores of the given and "
                          f"the rotated list agree at z = {result.agreement:.2f} < guard {opts.guard} (no content signal)")
@@ -235,7 +237,8 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             by_input[i] = v
         scores = tuple(by_input)
     return Ranking(tuple(order), scores, opts.method, prior, tuple(steps), upper_bounds=bounds, notes=tuple(notes),
-                   agreement=tuple(agreement), guarded=tuple(guarded), decoded=decoded, partial=partial)
+                   agreement=tuple(agreement), guarded=tuple(guarded), decoded=decoded, partial=partial,
+                   checked=tuple(checked))
 
 
 #: What follows each chosen identifier in the assistant's ranking: ``[3] > [5] > [``.
@@ -307,6 +310,7 @@ class _Window:
     notes: tuple[str, ...] = ()
     decoded: int | None = None  # leading places decided (None: all); below: .depth's order, or the deadline's
     partial: bool = False  # the deadline passed: places from `decoded` on are as given
+    checked: bool = False  # read a second time, halves swapped, for the content check (one more prompt)
 
 
 def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool,
@@ -341,7 +345,7 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
             scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
         except DeadlinePassed:  # what is decided so far (.deadline)
             return _Window(order + remaining, confidence, steps, prior, bounds, agreement, notes=tuple(notes),
-                           decoded=len(order), partial=True)
+                           decoded=len(order), partial=True, checked=pool and bool(steps))
         if pool and not steps:  # pool this list's two readings; provisional until enough lists
             verdict = check.add(Reading(scored[0].logprobs, scored[2].logprobs, scored[1].logprobs), opts.calibration,
                                 first_only)
@@ -368,9 +372,11 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
             if agreement < opts.guard:
                 return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
         if verdict and not verdict.reads:
-            return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, guarded=True, notes=tuple(notes))
+            return _Window(list(range(n)), [0.0] * n, steps, prior, bounds, guarded=True, notes=tuple(notes),
+                           checked=pool)
         if first_only:
-            return _Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement, notes=tuple(notes))
+            return _Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement, notes=tuple(notes),
+                           checked=pool)
         confidence[remaining[best]] = share[best]
         order.append(remaining[best])
         below = below_depth(remaining, s, remaining[best])  # the order below the depth, if decoding stops here
@@ -378,7 +384,7 @@ def _rank_window(state: EndpointState, opts: Options, query: str, texts: list[st
     if len(remaining) == 1:
         confidence[remaining[0]] = 1.0
     order += below if len(remaining) > 1 else remaining
-    return _Window(order, confidence, steps, prior, bounds, agreement, notes=tuple(notes))
+    return _Window(order, confidence, steps, prior, bounds, agreement, notes=tuple(notes), checked=pool and bool(steps))
 
 
 def _generated_window(state: EndpointState, messages: Any, ids: Sequence[str], depth: int | None = None

@@ -117,6 +117,8 @@ class Ranking:
     and say so in :meth:`details` and a note. ``None``: every place was decided.
     ``partial``: the deadline (``Options.deadline``) passed first; the places after ``decoded`` are in
     first-stage order (:mod:`.deadline`).
+    ``checked``: the windows read a second time at their first step, halves swapped, for the content check
+    while it was deciding (``guard="content"``, :mod:`.content_check`): one more prompt each.
     """
 
     order: tuple[int, ...]
@@ -131,6 +133,7 @@ class Ranking:
     guarded: tuple[int, ...] = ()
     decoded: int | None = None
     partial: bool = False
+    checked: tuple[int, ...] = ()
 
     def top(self, k: int | None = None) -> tuple[int, ...]:
         """The first ``k`` input indices of :attr:`order` (all when ``k`` is None; ``k`` >= 0).

@@ -120,9 +120,10 @@ def _cost(summary: dict) -> str:
     """One turn's reranking: ``0.84 s, 4 requests, 2345 prompt + 8 completion tokens (1200 cached), ...``."""
     usage, decoded, n = summary["usage"], summary["decoded"], summary["passages"]
     places = f"{n} of {n}" if decoded is None else f"{decoded} of {n}"
+    outcome = ("kept in BM25 order (no content signal)" if summary["kept_given_order"]
+               else f"{places} places decoded{', cut by the deadline' if summary['partial'] else ''}")
     return (f"{summary['seconds']:.2f} s, {usage['requests']} requests, {usage['prompt_tokens']} prompt + "
-            f"{usage['completion_tokens']} completion tokens ({usage['cached_tokens']} cached), {places} places "
-            f"decoded{', cut by the deadline' if summary['partial'] else ''}")
+            f"{usage['completion_tokens']} completion tokens ({usage['cached_tokens']} cached), {outcome}")
 
 
 def _percentiles(summaries: list[dict]) -> str:

@@ -412,8 +412,9 @@ def test_eval_end_to_end_on_the_tiny_fixture(server_url, test_model, tmp_path):
         assert sorted(r["order"]) == sorted(r["input"]) and len(r["input"]) == 5
     capcal = next(r for r in ranks if r["method"] == "capcal")
     assert len(capcal["prior"]) == 5 and capcal["usage"]["requests"] > 0 and capcal["seconds"] > 0
-    # four decoding steps for five passages, or one where the no-harm guard kept the BM25 order
-    assert len(capcal["agreement"]) == 1 and len(capcal["alphas"]) == (1 if capcal["guarded"] else 4)
+    # the content check (the default guard) reads the first lists a second time while it decides; four
+    # decoding steps for five passages, or one where it kept the BM25 order
+    assert capcal["checked"] == [0] and len(capcal["alphas"]) == (1 if capcal["guarded"] else 4)
     assert {r["kind"] for r in records} == {"rank", "shuffle", "needle"}
     report = (out / "report.md").read_text()
     for label in ("`vanilla`", "`capcal`", "`first-token`", "Kendall", "Needle"):

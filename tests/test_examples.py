@@ -50,7 +50,7 @@ def test_example_prints_order_before_and_after(name, server_url, test_model):
 TURN = re.compile(r"^turn (\d+): .*\n  search: (.+)\n  context \(BM25 top (\d+) reranked by CapCal: ([\w-]+), (\d+) requests",
                   re.MULTILINE)
 COST = re.compile(r"^  reranking: ([\d.]+) s, (\d+) requests, (\d+) prompt \+ (\d+) completion tokens \(\d+ cached\), "
-                  r"(\d+) of 5 places decoded", re.MULTILINE)
+                  r"(?:(\d+) of 5 places decoded|(kept in BM25 order))", re.MULTILINE)
 CONTEXT = re.compile(r"^    (\d)\.\s+(\S+)\s+score \S+\s+\(BM25 rank\s+(\d+)\)", re.MULTILINE)
 
 
@@ -78,5 +78,9 @@ def test_chat_app_prints_each_turns_context(where, server_url, hosted_server, te
         assert len({c[2] for c in context}) == 3 and all(1 <= int(c[2]) <= 5 for c in context), out
         assert re.search(r"^  answer: \S", block, re.MULTILINE), out
         cost = COST.search(block)  # the reranking's own time and tokens, from its callback
-        decoded = "3" if where == "local" else "5"  # capcal decodes the top_n=3 places; first-token reads one step
-        assert cost and int(cost.group(2)) > 0 and int(cost.group(3)) > 0 and cost.group(5) == decoded, out
+        assert cost and int(cost.group(2)) > 0 and int(cost.group(3)) > 0, out
+        # capcal decodes the top_n=3 places; first-token reads one step; a list the content check kept in
+        # its given order (the packaged model shows no content signal) says so instead
+        kept = any("kept in its given order" in n for n in re.findall(r"^  note: (.*)$", block, re.MULTILINE))
+        assert (cost.group(6) is not None) == kept, out
+        assert kept or cost.group(5) == ("3" if where == "local" else "5"), out

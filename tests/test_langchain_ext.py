@@ -184,6 +184,7 @@ def bm25() -> BM25:
 def _check_against_core(out, retrieved, compressor, top_n, want):
     """The compressor returned exactly its ranking's top, and that ranking is ``want``, the core's."""
     ranking = compressor.last_ranking
+    assert ranking.decoded == top_n
     assert [d.id for d in out] == [retrieved[i].id for i in ranking.top(top_n)]
     assert [d.metadata[RELEVANCE_SCORE_KEY] for d in out] == [ranking.scores[i] for i in ranking.top(top_n)]
     assert [d.metadata[DETAILS_KEY]["rank"] for d in out] == list(range(1, len(out) + 1))
@@ -199,7 +200,9 @@ def test_contextual_compression_retriever_sync(core, bm25):
     runs = Runs()
     out = retriever.invoke(QUERY, config={"callbacks": [runs]})
     assert len(out) == 3
-    _check_against_core(out, retrieved, compressor, 3, core.rerank(QUERY, [d.page_content for d in retrieved]))
+    # the adapter decodes only its top_n places (depth=top_n): compared with the core at that depth
+    want = core.with_options(depth=3).rerank(QUERY, [d.page_content for d in retrieved])
+    _check_against_core(out, retrieved, compressor, 3, want)
     assert bm25.docs == stored  # the retriever's documents are untouched
     [run] = runs.capcal()
     assert run["parent"] == runs.retrievers[0]  # traced as a child of the retriever's run
@@ -214,7 +217,7 @@ async def test_contextual_compression_retriever_async_is_native(core, bm25):
     runs = Runs()
     out = await retriever.ainvoke(QUERY, config={"callbacks": [runs]})
     assert len(out) == 2
-    want = await core.arerank(QUERY, [d.page_content for d in retrieved])
+    want = await core.with_options(depth=2).arerank(QUERY, [d.page_content for d in retrieved])
     _check_against_core(out, retrieved, compressor, 2, want)
     [run] = runs.capcal()
     assert run["thread"] == threading.get_ident()  # on the event loop, not run_in_executor's worker thread

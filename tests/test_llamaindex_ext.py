@@ -259,6 +259,7 @@ def _texts(retrieved) -> list[str]:
 def _check_against_core(out, retrieved, rerank, top_n, want):
     """The adapter returned exactly its ranking's top, and that ranking is ``want``, the core's."""
     ranking = rerank.last_ranking
+    assert ranking.decoded == top_n
     assert [n.node.node_id for n in out] == [retrieved[i].node.node_id for i in ranking.top(top_n)]
     assert [n.score for n in out] == [ranking.scores[i] for i in ranking.top(top_n)]
     assert [n.node.metadata[RETRIEVAL_SCORE_KEY] for n in out] == [retrieved[i].score for i in ranking.top(top_n)]
@@ -276,7 +277,7 @@ def test_query_engine_sync(core, retriever, events):
     response = engine.query(QUERY)
     out = response.source_nodes
     assert len(out) == 3
-    _check_against_core(out, retrieved, rerank, 3, core.rerank(QUERY, _texts(retrieved)))
+    _check_against_core(out, retrieved, rerank, 3, core.with_options(depth=3).rerank(QUERY, _texts(retrieved)))
     assert [n.model_dump() for n in retriever.retrieve(QUERY)] == before  # the retriever's nodes are untouched
     start, end = _rerank_events(events)
     assert [n.node.node_id for n in start.nodes] == [n.node.node_id for n in retrieved]
@@ -294,7 +295,8 @@ async def test_query_engine_async_is_native(core, retriever, events):
     retrieved = retriever.retrieve(QUERY)
     response = await engine.aquery(QUERY)
     assert len(response.source_nodes) == 2
-    _check_against_core(response.source_nodes, retrieved, rerank, 2, await core.arerank(QUERY, _texts(retrieved)))
+    want = await core.with_options(depth=2).arerank(QUERY, _texts(retrieved))  # the adapter's depth is its top_n
+    _check_against_core(response.source_nodes, retrieved, rerank, 2, want)
     (start, start_thread), (end, end_thread) = [(e, t) for e, t in events if isinstance(e, (ReRankStartEvent,
                                                                                            ReRankEndEvent))]
     assert start_thread == end_thread == threading.get_ident()  # ran on the event loop, not in a worker thread

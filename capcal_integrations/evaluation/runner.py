@@ -140,7 +140,8 @@ def make_record(job: Job, ranking: Ranking | None, seconds: float, model: str = 
     if ranking.notes:
         rec["notes"] = list(ranking.notes)
     if ranking.agreement:
-        rec.update(agreement=_r(ranking.agreement, 4), guarded=list(ranking.guarded))
+        rec["agreement"] = _r(ranking.agreement, 4)
+    rec.update(guarded=list(ranking.guarded), checked=list(ranking.checked))
     return rec
 
 
