@@ -215,6 +215,43 @@ def _versions(results: pathlib.Path) -> str:
             f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}")
 
 
+def _testbed(results: pathlib.Path) -> str:
+    """The testbed's table against ``s`` and issue 17's conditions (``benchmarks/testbed.py``), and the
+    content check on the real packaged models (``benchmarks/testbed.py --real``)."""
+    import testbed as bench  # benchmarks/testbed.py, beside this file
+
+    from capcal_integrations.testbed.measure import Row, pivot
+
+    out = ["## The default on a testbed with known signal and bias\n",
+           "A simulated reranker (`capcal_integrations/testbed`, a test instrument: it shows what the library's rules "
+           "do where the truth is known, not what a real model does) speaks llama.cpp's HTTP dialect, so the "
+           "library's whole path runs; its label logits are `s`·grade + the slot prior + a real-vs-empty slot "
+           "mismatch δ (scenarios: none, the 0.5B's and the 1.5B's fitted δ, a last-digit-shared δ, twelve labels "
+           "tied at a floor) + noise. Regenerate with `python benchmarks/testbed.py` (which also rewrites this "
+           "file); details in [results/testbed.md](results/testbed.md).\n"]
+    stored = results / "testbed.json"
+    if not stored.is_file():
+        return "\n".join(out + ["_Not run yet._\n"])
+    data = json.loads(stored.read_text())
+    rows = [Row(**r) for r in data["rows"]]
+    meta = data["meta"]
+    out += [f"nDCG@10 on {meta['lists']} DL19 BM25 top-20 lists × {meta['draws']} simulated models per cell "
+            "(standard errors in results/testbed.md, ≤ .003):\n", pivot(rows) + "\n",
+            "Issue 17's conditions on the default (s = 0: decides \"does not read\" in ≥ 95 % of decisions and stays "
+            "within .01 of BM25; s ≥ 0.5: decides \"reads\" in ≥ 95 % and stays within .01 of the best of vanilla "
+            "and CapCal at any alpha):\n", "\n".join(bench.checks(rows)) + "\n"]
+    for real in sorted(results.glob("testbed-real-*.json")):
+        r = json.loads(real.read_text())
+        size = real.stem.removeprefix("testbed-real-")
+        decision = json.loads(r["decision"]) if r.get("decision") else None
+        verdict = ("not taken" if decision is None else
+                   f"{'reads' if decision['reads'] else 'does not read'} (p = {decision['p_value']:.3g})")
+        out.append(f"- Real packaged {size} model, {r['lists']} DL19 lists: the default's nDCG@10 "
+                   f"{r['ndcg10_default']:.4f} against BM25 {r['ndcg10_bm25']:.4f}; decision: {verdict}; "
+                   f"{r['calibrated_lists']} lists ranked calibrated ([results/{real.stem}.md](results/{real.stem}.md)).")
+    return "\n".join(out) + "\n"
+
+
 def write_results_md(phases, data: pathlib.Path, results: pathlib.Path, path: pathlib.Path, top: int = 20) -> None:
     progress, missing = _progress(phases, data, results, top)
     notes = path.with_name("NOTES.md")
@@ -242,6 +279,7 @@ def write_results_md(phases, data: pathlib.Path, results: pathlib.Path, path: pa
             _faithful(data, results, "trec-dl19-passage") + "\n",
             "On the 1.5B model (per-node form):\n",
             _faithful(data, results, "trec-dl19-passage@1.5b") + "\n"]
+    out += [_testbed(results)]
     if notes.is_file():
         out += ["## Findings\n", notes.read_text().strip() + "\n"]
     out += ["## Progress\n", progress + "\n"]

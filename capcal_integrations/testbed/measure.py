@@ -236,3 +236,28 @@ def table(rows: Sequence[Row]) -> str:
         method = f"{r.method} (alpha {r.note.split(';')[0].split()[-1]})" if r.method == "capcal-best" and r.note else r.method
         out.append(f"| {r.scenario} | {r.s:g} | {method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
     return "\n".join(out)
+
+
+#: The columns of :func:`pivot`: the methods issue 17 compares against ``s``.
+PIVOT = ("bm25", "vanilla", "capcal-adaptive", "capcal-1", "capcal-chosen", "capcal-best", "default")
+
+
+def pivot(rows: Sequence[Row]) -> str:
+    """nDCG@10 per (scenario, s) in one row each, the methods of :data:`PIVOT` as columns (the default's
+    share of "reads" decisions in brackets; ``capcal-best`` with its alpha)."""
+    cells = {(r.scenario, r.s, r.method): r for r in rows}
+    keys = list(dict.fromkeys((r.scenario, r.s) for r in rows))
+    out = ["| scenario | s | " + " | ".join(PIVOT) + " |", "|---|---:|" + "---:|" * len(PIVOT)]
+    for name, s in keys:
+        values = []
+        for m in PIVOT:
+            r = cells.get((name, s, m))
+            text = "" if r is None else f"{r.ndcg10:.4f}"
+            if r is not None and m == "default" and r.reads_share is not None:
+                text += f" (reads {r.reads_share:.2f})"
+            if r is not None and m == "capcal-best" and r.note:
+                text += f" (alpha {r.note.split(';')[0].split()[-1]})"
+            values.append(text)
+        out.append(f"| {name} | {s:g} | " + " | ".join(values) + " |")
+    return "\n".join(out)
+
