@@ -1,0 +1,197 @@
+"""One window's constrained listwise decoding, free of I/O.
+
+:func:`rank_window` decodes a window step by step: at each step the allowed identifiers' probabilities
+are read for the real prompt (and, calibrated, for the empty prompt: every passage a placeholder), the
+calibrated scores pick the next place, and the prefix grows by it. The rules it applies each live in
+their own module: whether to calibrate at all (:mod:`.content_check`, which pools the window's first step
+read a second time with its halves swapped, or the older per-list guard of
+:func:`~.calibration.content_agreement`), how deep to decode (:mod:`.depth`) and what a deadline leaves
+(:mod:`.deadline`). Where the endpoint cannot continue a prefix, ``vanilla`` is the model's own answer
+parsed (:func:`generated_window`). ``decoding="release"`` builds the prefixes and the identifiers as the
+CapCal authors' code does (:func:`_prefix_spellings`, :func:`_label_spellings`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
+from .content_check import Reading, check_of, halves_swapped
+from .deadline import DeadlinePassed
+from .depth import below_depth
+from .labels import LabelScores, label_logprobs
+from .options import Options
+from .orders import order_of_scores
+from .probe import route
+from .prompts import labels, prompt_text, render_prompt
+from .protocol import EndpointState, Flow, Token, generate, text_messages, tokenize
+from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
+from .types import Step
+
+__all__ = ["Window", "rank_window", "generated_window", "SEPARATOR"]
+
+#: What follows each chosen identifier in the assistant's ranking: ``[3] > [5] > [``.
+SEPARATOR = " >"
+#: The single tokens the release's decoding is made of.
+_RELEASE_SPELLINGS = ("[", "]", ">", *"0123456789")
+
+
+def _spellings(opts: Options, ids: Sequence[str]) -> list[str]:
+    """The strings whose tokens build the prefixes and the identifiers."""
+    if opts.decoding == "release":
+        return list(_RELEASE_SPELLINGS)
+    return [SEPARATOR, *ids, *(" " + i for i in ids)]
+
+
+def _tokens(state: EndpointState, spellings: Sequence[str]) -> tuple[Token, ...]:
+    return tuple(t for s in spellings for t in state.label_tokens[s])
+
+
+def _prefix_spellings(opts: Options, chosen: Sequence[str]) -> list[str]:
+    """The assistant prefix after ``chosen`` identifiers, as spellings whose tokens build it.
+
+    ``exact``: ``[3] > [5] >`` is ``[3]``, `` >``, `` [5]``, `` >`` (the spellings a ranking is generated
+    in). ``release``: the release feeds ``[``, then per pick the digits, ``]``, ``>``, ``[``, and scores
+    after one more ``[`` (``[3]>[5]>[[``)."""
+    if opts.decoding == "release":
+        return ["[", *(x for label in chosen for x in (*label[1:-1], "]", ">", "[")), "["]
+    return [x for k, label in enumerate(chosen) for x in ((" " if k else "") + label, SEPARATOR)]
+
+
+def _label_spellings(opts: Options, label: str, first: bool) -> list[str]:
+    """What is scored for ``label`` after the prefix: `` [12]`` (``[12]`` first); for the release, its
+    digits, and ``]`` only below 10 (``3]``, ``12``)."""
+    if opts.decoding == "release":
+        digits = label[1:-1]
+        return [*digits, *("]" if len(digits) == 1 else ())]
+    return [("" if first else " ") + label]
+
+
+def _label_scores(state: EndpointState, opts: Options, way: str, streams: Sequence[Any], allowed: Sequence[str],
+                  chosen: Sequence[str]) -> Flow[list[LabelScores]]:
+    """Each allowed label's log-probability after the ``chosen`` ones, for each stream's messages, read
+    the endpoint's way (:func:`~.probe.route`): by the served model's tokens after the prefix, by token
+    strings after a text prompt, or from the model's answer (first step only)."""
+    first = not chosen
+    if way == "prefix":
+        prefix = _tokens(state, _prefix_spellings(opts, chosen))
+        paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
+        return (yield from label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability,
+                                          top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt))
+    if way == "text":
+        prefix = "".join(_prefix_spellings(opts, chosen))
+        texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
+        prompts = [prompt_text(text_messages(state, m, opts.prompt), opts.prompt) + prefix for m in streams]
+        return (yield from text_label_logprobs(state, prompts, texts,
+                                               form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
+    return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
+
+
+@dataclass(frozen=True)
+class Window:
+    order: list[int]  # positions within the window, best first
+    confidence: list[float]  # per position: calibrated share when chosen (0..1)
+    steps: list[Step]
+    prior: tuple[float, ...] | None
+    upper_bounds: int
+    agreement: float | None = None  # the guard's z-score, when it ran
+    guarded: bool = False  # kept in the given order: no content signal
+    notes: tuple[str, ...] = ()
+    decoded: int | None = None  # leading places decided (None: all); below: .depth's order, or the deadline's
+    partial: bool = False  # the deadline passed: places from `decoded` on are as given
+    checked: bool = False  # read a second time, halves swapped, for the content check (one more prompt)
+
+
+def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool,
+                 depth: int | None = None) -> Flow[Window]:
+    n = len(texts)
+    ids = labels(n, opts.labels)
+    real = render_prompt(opts.template, query, texts, ids)
+    empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
+    check = check_of(state, opts) if empty else None  # the content check (guard="content")
+    verdict = check.verdict(first_only) if check else None  # final once decided
+    if verdict is not None and not verdict.reads:
+        return Window(list(range(n)), [0.0] * n, [], None, 0, guarded=True, notes=(verdict.note,))
+    per_list = bool(empty) and opts.guard not in (None, "content") and n >= 4  # the older per-list guard
+    pool = bool(check) and not verdict and n >= 4  # a list that helps decide
+    half = n // 2  # the second reading: rotated by half (per-list guard), or halves swapped (content check)
+    second = texts[half:] + texts[:half] if per_list else [texts[i] for i in halves_swapped(n)] if pool else None
+    rotated = render_prompt(opts.template, query, second, ids) if second else None
+    notes = [verdict.note] if verdict else []
+    way = route(state.caps, opts.prompt)
+    if way == "generation" and not first_only:
+        return (yield from generated_window(state, real, ids, depth))
+    spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if way == "prefix" else []
+    if spellings:
+        text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
+        for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
+            state.label_tokens[spelling] = tuple(tokens)
+    remaining, chosen_labels = list(range(n)), []
+    order, confidence, steps, prior, bounds, agreement = [], [0.0] * n, [], None, 0, None
+    while len(remaining) > 1 and (depth is None or len(order) < depth):
+        streams = [real] + ([empty] if empty else []) + ([rotated] if rotated and not steps else [])
+        try:
+            scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
+        except DeadlinePassed:  # what is decided so far (.deadline)
+            return Window(order + remaining, confidence, steps, prior, bounds, agreement, notes=tuple(notes),
+                           decoded=len(order), partial=True, checked=pool and bool(steps))
+        if pool and not steps:  # pool this list's two readings; provisional until enough lists
+            verdict = check.add(Reading(scored[0].logprobs, scored[2].logprobs, scored[1].logprobs), opts.calibration,
+                                first_only)
+            notes.append(verdict.note)
+        # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
+        shares_of = [normalise_logprobs(x.logprobs) for x in scored]
+        calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
+        shares_p, p = shares_of[0], calibrate_on[0]
+        q = calibrate_on[1] if empty else None
+        alpha, s = 0.0, p
+        if q is not None:
+            alpha = (adaptive_alpha(shares_p) if opts.alpha == "adaptive" else float(opts.alpha) if opts.alpha != "auto"
+                     else verdict.alpha if verdict and verdict.alpha is not None else 1.0)
+            s = calibrated(p, q, alpha, opts.calibration)
+            prior = prior or tuple(shares_of[1])
+        bounds += sum(x.upper_bounds for x in scored)
+        share = shares(s)
+        ranked = order_of_scores(s)
+        best = ranked[0]
+        steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
+                          upper_bounds=bounds))
+        if per_list and len(steps) == 1:
+            agreement = content_agreement(shares_p, shares_of[2], prior, half)
+            if agreement < opts.guard:
+                return Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
+        if verdict and not verdict.reads:
+            return Window(list(range(n)), [0.0] * n, steps, prior, bounds, guarded=True, notes=tuple(notes),
+                           checked=pool)
+        if first_only:
+            return Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement, notes=tuple(notes),
+                           checked=pool)
+        confidence[remaining[best]] = share[best]
+        order.append(remaining[best])
+        below = below_depth(remaining, s, remaining[best])  # the order below the depth, if decoding stops here
+        chosen_labels.append(ids[remaining.pop(best)])
+    if len(remaining) == 1:
+        confidence[remaining[0]] = 1.0
+    order += below if len(remaining) > 1 else remaining
+    return Window(order, confidence, steps, prior, bounds, agreement, notes=tuple(notes), checked=pool and bool(steps))
+
+
+def generated_window(state: EndpointState, messages: Any, ids: Sequence[str], depth: int | None = None
+                      ) -> Flow[Window]:
+    """``vanilla`` where no prefix can be continued: the model's own answer, parsed; with a ``depth``, an
+    answer long enough for that many identifiers. Identifiers it does not name are not decided places."""
+    wanted = len(ids) if depth is None else min(depth, len(ids))
+    [answer] = yield from generate(state, [messages], max_tokens=6 * wanted + 16, top=1)
+    order, missing = parse_ranking("".join(token for token, _ in answer), ids)
+    named = len(ids) - missing
+    notes = (f"the model's answer left out {missing} of {len(ids)} identifiers; they follow in their given order",
+             ) if named < wanted else ()
+    return Window(order, [0.0] * len(ids), [], None, 0, notes=notes, decoded=named if missing else None)
+
+
+def _raw(logprobs: Sequence[float]) -> list[float]:
+    """Raw joint label probabilities (``normalise=False``), not renormalised over the labels."""
+    return [math.exp(x) for x in logprobs]
