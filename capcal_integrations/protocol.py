@@ -38,7 +38,7 @@ from .answers import choices_of as _choices
 from .answers import template_of as _template_of
 from .answers import usage_of as usage_of  # re-exported: the drivers' and earlier callers' name
 from .caches import RankingTemplates, TemplateCache
-from .errors import CapabilityError, ResponseError
+from .errors import CapabilityError, EndpointError, ResponseError
 from .prompts import Messages, declared_tokens, prompt_text
 from .slots import SlotPins
 from .types import Capabilities
@@ -165,6 +165,38 @@ def tokenize(caps: Capabilities, texts: Sequence[str], *, text: bool = False) ->
     return out
 
 
+#: Between the spans of one batched llama.cpp ``/tokenize`` (:func:`span_ids`): an id past any vocabulary,
+#: which llama.cpp passes through as given in a mixed list, so that no text can produce it.
+SPAN_SEPARATOR = 2**30 - 1
+
+
+def span_ids(caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:
+    """Each untrusted span's token ids from the served model's tokenizer, special tokens neither added nor
+    parsed. On llama.cpp in one ``/tokenize`` for all of them: its mixed content tokenizes each text on its
+    own, exactly as one request per text would, and the spans come back between :data:`SPAN_SEPARATOR` ids.
+    Should the answer not split into one run per text (a server that checks or drops ids), or the server
+    refuse the list (a 4xx), one request per text."""
+    if caps.tokenize != "llamacpp" or len(texts) < 2:
+        return [[i for i, _ in ts] for ts in (yield from tokenize(caps, texts))]
+    content: list[str | int] = [x for t in texts for x in (SPAN_SEPARATOR, t)][1:]
+    runs: list[list[int]] = [[]]
+    try:
+        [answer] = yield [Call("POST", "/tokenize", {"content": content, "add_special": False, "parse_special": False},
+                               root=True)]
+        for i, _ in parse_tokens(answer):
+            if i == SPAN_SEPARATOR:
+                runs.append([])
+            else:
+                runs[-1].append(i)
+    except EndpointError as err:
+        if not isinstance(err, ResponseError) and not (err.status and 400 <= err.status < 500):
+            raise
+        runs = []
+    if len(runs) == len(texts):
+        return runs
+    return [[i for i, _ in ts] for ts in (yield from tokenize(caps, texts))]
+
+
 # --------------------------------------------------------------------------- next-token log-probabilities
 
 
@@ -284,9 +316,9 @@ def _mixed_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tupl
     declared = state.declared + declared_tokens(keys[0][1])
     spelt = {key: [x if isinstance(x, str) else (key[0].spelling(x, declared),) for x in xs] for key, xs in parts.items()}
     spellings = list(dict.fromkeys(x[0] for xs in spelt.values() for x in xs if isinstance(x, tuple)))
-    ids = dict(zip(spellings, (yield from tokenize(caps, spellings))))
+    ids = dict(zip(spellings, (yield from span_ids(caps, spellings))))
     for key, xs in spelt.items():  # the template's text as text, each span's text as its ids
-        state.templates[key] = [y for x in xs for y in ([x] if isinstance(x, str) else [i for i, _ in ids[x[0]]])]
+        state.templates[key] = [y for x in xs for y in ([x] if isinstance(x, str) else ids[x[0]])]
 
 
 _IDS = "ids only"  # the rendered-prompt cache's key of a llama.cpp prompt as token ids only: (_IDS, key)

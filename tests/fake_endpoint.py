@@ -118,9 +118,12 @@ def make_handler(*, fault: Callable[[httpx2.Request], httpx2.Response | None] | 
             return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}, "total_slots": slots})
         if path == "/tokenize":  # as llama.cpp: text, or a mixed list of text and token ids
             content = body["content"] if isinstance(body["content"], list) else [body["content"]]
-            pieces = [p for x in content for p in ([(x, piece_of(x))] if isinstance(x, int) else
+            pieces = [p for x in content for p in ([(x, None)] if isinstance(x, int) else  # ids pass as given
                                                    tokenize(x, parse_special=body.get("parse_special", True)))]
-            return httpx2.Response(200, json={"tokens": [{"id": t, "piece": p} for t, p in pieces]})
+            if not body.get("with_pieces"):
+                return httpx2.Response(200, json={"tokens": [t for t, _ in pieces]})
+            return httpx2.Response(200, json={"tokens": [{"id": t, "piece": piece_of(t) if p is None else p}
+                                                         for t, p in pieces]})
         if path == "/apply-template":
             text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
             return httpx2.Response(200, json={"prompt": text})
@@ -201,3 +204,11 @@ def clients(handler, *, max_retries: int = 0) -> tuple[openai.OpenAI, openai.Asy
     kw = dict(base_url="http://fake.test/v1", api_key="x", max_retries=max_retries)
     return (openai.OpenAI(http_client=httpx2.Client(transport=httpx2.MockTransport(handler)), **kw),
             openai.AsyncOpenAI(http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(ahandler)), **kw))
+
+
+def tokenized_texts(calls: list) -> list[str]:
+    """Every text the recorded ``calls`` sent to ``/tokenize``: one per call, or each text of a mixed list (the
+    untrusted spans go in one batch, between separator ids)."""
+    sent = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
+    return [x for content in sent for x in (content if isinstance(content, list) else [content]) if isinstance(x, str)]
+

@@ -303,3 +303,17 @@ def test_client_side_chat_formats_render_what_the_server_renders(rr, server_url,
     for style in (str(config), "chatml"):
         ranking = rr.with_options(method="first-token", guard=None, prompt=style).rerank(QUERY, PASSAGES)
         assert max(abs(a - b) for a, b in zip(ranking.scores, reference.scores)) < 0.02
+
+
+def test_spans_tokenized_in_one_request_equal_one_request_each(rr):
+    # llama.cpp's mixed /tokenize tokenizes each text on its own: the batch (texts between separator ids)
+    # gives every span the ids a request of its own gives, whatever the text
+    from capcal_integrations.drivers import run_sync
+    from capcal_integrations.protocol import span_ids, tokenize
+
+    texts = [" flea life cycle\n", "", " ünïcödé — 跳蚤 ✓\n\n", "no leading space", " <|im_end|> <tool_call> [3]\n",
+             " " + "word " * 300, "\n"]
+    caps = rr.capabilities()
+    batched, usage = run_sync(span_ids(caps, texts), rr.client)
+    single, _ = run_sync(tokenize(caps, texts), rr.client)
+    assert usage.requests == 1 and batched == [[i for i, _ in ts] for ts in single]

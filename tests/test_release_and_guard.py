@@ -11,7 +11,7 @@ import pytest
 
 from capcal_integrations import CapCalReranker, InputError
 from capcal_integrations.options import Options
-from tests.fake_endpoint import clients, make_handler, split_prompt
+from tests.fake_endpoint import clients, make_handler, split_prompt, tokenized_texts
 
 PASSAGES = [f"passage {i}" for i in range(12)]
 
@@ -111,9 +111,9 @@ def test_release_sends_passages_as_the_authors_code_does():
     calls = []
     passages = ["see  [3] first", {"title": "T", "text": "body [12]"}, "plain"]
     reranker(calls, preset="release", method="first-token").rerank("q", passages)
-    spans = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
+    spans = tokenized_texts(calls)
     assert " see  [3] first\n" in spans and " T\nbody [12]\n" in spans  # with the template's newline after it
     calls.clear()
     reranker(calls, method="first-token").rerank("q", passages)
-    spans = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
+    spans = tokenized_texts(calls)
     assert " see (3) first\n" in spans and " Title: T Content: body (12)\n" in spans
