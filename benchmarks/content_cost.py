@@ -11,7 +11,8 @@ Side by side on the same server and the same DL19 BM25 top-20 lists, three ways 
   pending): the real and the empty prompt, and the list read once more, halves swapped, at its first step.
 
 Every ranking gets a fresh reranker, probed before it ranks (so the probe is outside its usage, and the
-``deciding`` list is always a check's first list, ranked calibrated). The methods take turns going first on each list (rotated), so that each pays the cold prefill of the list on
+``deciding`` list is always a check's first list, ranked calibrated). The methods take turns going first
+on each list (rotated), so that each pays the cold prefill of the list on
 some lists and finds it in llama.cpp's prompt cache on others. ``prompt tokens`` is what the server reports
 (cached included, independent of the order); ``cold uncached`` is the mean of the server's uncached prompt
 tokens over the lists where the method went first. The one-off cost of a decision is ``LISTS`` deciding lists'

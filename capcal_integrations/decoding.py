@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
-from .content_check import Reading, check_of, halves_swapped
+from .content_check import check_of
+from .contrast import Reading, halves_swapped
 from .deadline import DeadlinePassed
 from .depth import below_depth
 from .labels import LabelScores, label_logprobs

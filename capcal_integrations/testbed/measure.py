@@ -206,7 +206,7 @@ def _windows(ranking: Any) -> int:
 
 def _implied(ranking: Any, alpha: float) -> list[int]:
     """The capcal ranking at ``alpha`` implied by a ranking's first step (one window: the whole list)."""
-    from ..content_check import implied_order
+    from ..contrast import implied_order
 
     first = ranking.steps[0]
     order = implied_order([math.log(max(x, 1e-300)) for x in first.p], [math.log(max(x, 1e-300)) for x in first.q], alpha)
