@@ -90,7 +90,8 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help="key for the --base-url endpoint (default: $OPENAI_API_KEY); a local server found or "
                         "started without --base-url is always sent its own key")
-    p.add_argument("--model", default="0.5b", help="embedded model to start when no endpoint is given (0.5b, 1.5b, smollm2)")
+    p.add_argument("--model", default=None, help="embedded model to start when no endpoint is given (0.5b, the "
+                   "default; 1.5b, smollm2); a running capcal serve is reused only if it serves this model")
     p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
                    help="engine of the embedded server started when no endpoint is given (default llamacpp)")
     p.add_argument("--model-name", default=None, help="model name to send to the endpoint (default: the first it lists)")

@@ -106,7 +106,7 @@ class StandIn:
     started: list[StandIn] = []
 
     def __init__(self, model: str, port: int | None = None, api_key: str | None = None, **kw: object) -> None:
-        self.key, self.fake = api_key, FakeLocal(key=api_key)
+        self.key, self.fake, self.model = api_key, FakeLocal(key=api_key), model
         self.base_url, self.log_path = self.fake.base_url, "log"
 
     def __enter__(self) -> StandIn:
@@ -188,6 +188,17 @@ def test_the_server_capcal_serve_recorded_is_reused_with_its_own_key(port, start
     assert len(own.seen) > 2 and all(s.auth == f"Bearer {key}" for s in own.seen[1:])
     assert AMBIENT not in own.everything()
     assert json.loads(capsys.readouterr().out)["order"]
+
+
+def test_a_server_of_ours_serving_another_model_is_not_reused_for_it(port, started, passages, capsys):
+    key = new_key()
+    with FakeLocal(port=port, key=key) as own:
+        record_server("127.0.0.1", port, key, engine="llama.cpp", model="0.5b")
+        assert rerank(passages, "--model", "1.5b") == 0
+        proof = len(own.seen)  # the ownership proof only: the ranking went to the 1.5b server started for it
+        assert proof == 2 and [s.model for s in started] == ["1.5b"]
+        assert rerank(passages) == 0 and len(own.seen) > proof  # no model asked for: ours is reused
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["order"]
 
 
 def _dead_pid() -> int:

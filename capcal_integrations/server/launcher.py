@@ -298,7 +298,9 @@ def endpoint(base_url: str | None, model: str | None = None, *, port: int | None
     2. A server this user's ``capcal serve`` started at 127.0.0.1:``port`` (default
        :data:`DEFAULT_PORT`, unless ``reuse_default`` is false: then only a given ``port`` is
        reused), checked by :func:`.ownership.check_own_server` before anything is sent: reused,
-       with its key; name None. Any other server there is left alone (the reason is logged).
+       with its key, when it serves ``model`` (or no ``model`` was asked for); name None. Any other
+       server there is left alone (the reason is logged); one of ours serving another model too (or,
+       at a ``port`` given, an :class:`~.errors.InputError`).
     3. Otherwise the embedded server for ``model`` (default "0.5b") is started here with ``engine``
        (``"llamacpp"`` or ``"vllm"``) and a fresh random key, and stopped on exit.
 
@@ -325,9 +327,15 @@ def endpoint(base_url: str | None, model: str | None = None, *, port: int | None
                          "pass --base-url to use another endpoint")
     reuse_port = port or (DEFAULT_PORT if reuse_default else None)
     if reuse_port and (own := find_own_server(reuse_port)):
-        log.info("using the server your capcal serve (pid %d) runs at %s", own.pid, own.base_url)
-        yield Endpoint(own.base_url, None, own.api_key)
-        return
+        if model is None or own.model == model:
+            log.info("using the server your capcal serve (pid %d) runs at %s", own.pid, own.base_url)
+            yield Endpoint(own.base_url, None, own.api_key)
+            return
+        if port:
+            raise InputError(f"your capcal serve at {own.base_url} serves the {own.model} model, not {model}; ask for "
+                             f"--model {own.model}, or stop it, or give another --port")
+        log.info("your capcal serve at %s serves the %s model, not %s: starting %s here", own.base_url, own.model,
+                 model, model)
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     log.info("starting the embedded %s model server with %s (no --base-url given)", embedded, engine)
