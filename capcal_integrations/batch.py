@@ -14,6 +14,10 @@ output already holds and ranks only the rest: none is ranked twice into the file
 list that fails stops the run (its error is raised; nothing is turned into a score), and a new run
 resumes after the lists that finished.
 
+The content check (``guard="content"``, the default) is decided once for the whole run: the first lists
+go to one worker alone until it has decided, its decision is handed to every other worker and saved beside
+the output (``OUTPUT.decision.json``), where a resumed run picks it up (``decision=`` given wins).
+
 Ray is an optional extra (``pip install "capcal-integrations[ray]"``): this module imports it only
 when a run starts, and ``import capcal_integrations`` never imports this module.
 """
@@ -23,17 +27,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .content_check import LISTS
 from .errors import InputError, MissingExtra
 from .options import Options
 from .reranker import CapCalReranker
 from .types import Ranking
 
-__all__ = ["rerank_batch", "read_rows", "finished", "record", "worker_options", "BatchResult"]
+__all__ = ["rerank_batch", "read_rows", "finished", "record", "worker_options", "decision_path", "BatchResult"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,8 @@ def record(row: Mapping[str, Any], ranking: Ranking, top_n: int | None = None) -
     out = {"query": row["query"], "method": ranking.method, "order": list(ranking.order),
            "ranked": ranked[:top_n] if top_n else ranked, "requests": ranking.usage.requests,
            "upper_bounds": ranking.upper_bounds, "line": row["line"]}
+    if ranking.notes:
+        out["notes"] = list(ranking.notes)
     if "qid" in row:
         out["qid"] = row["qid"]
     return out
@@ -158,9 +165,11 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
     if not (isinstance(workers, int) and workers >= 1 and isinstance(lists_per_worker, int) and lists_per_worker >= 1):
         raise InputError(f"workers and lists_per_worker must be integers >= 1, got {workers} and {lists_per_worker}")
     options = worker_options(endpoints, workers, options)
-    if Options().replace(**options).guard == "content" and not options.get("decision"):
-        log.warning("batch: each worker decides the content check on the first lists it ranks; for one decision "
-                    "across workers and resumed runs, pass decision=... (reranker.content_decision().to_json())")
+    opts, saved = Options().replace(**options), decision_path(output)
+    deciding = opts.guard == "content" and opts.calibrated and not opts.decision
+    if deciding and saved.is_file():
+        log.info("batch: the content check's decision saved by an earlier run is used (%s)", saved)
+        options, deciding = {**options, "decision": str(saved)}, False
     rows = _rows(source)
     keys = [_key(row) for row in rows]
     if len(set(keys)) < len(keys):
@@ -172,12 +181,18 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
         log.info("batch: %d of %d lists already in %s; ranking the other %d", skipped, len(rows), output, len(pending))
     if pending:
         _run(pending, Path(output), [endpoints[k % len(endpoints)] for k in range(workers)], lists_per_worker,
-             dict(api_key=api_key, model=model, **options), top_n, progress, total=len(rows), skipped=skipped)
+             dict(api_key=api_key, model=model, **options), top_n, progress, total=len(rows), skipped=skipped,
+             deciding=deciding)
     return BatchResult(len(pending), skipped, Path(output))
 
 
+def decision_path(output: str | os.PathLike[str]) -> Path:
+    """Where a run saves the content check's decision: beside its output."""
+    return Path(str(output) + ".decision.json")
+
+
 def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int, settings: dict[str, Any],
-         top_n: int | None, progress: bool, *, total: int, skipped: int) -> None:
+         top_n: int | None, progress: bool, *, total: int, skipped: int, deciding: bool = False) -> None:
     try:
         import ray
     except ImportError:
@@ -187,7 +202,37 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
     if not ray.is_initialized():
         ray.init()
     actors = [_worker_class(ray).remote(url, settings) for url in urls]
-    shards = [rows[k::len(actors)] for k in range(len(actors))]  # by query, round robin
+    first = rows[:LISTS] if deciding and len(actors) > 1 else []  # to one worker, until it has decided
+    rest = rows[len(first):]
+    try:
+        with open(output, "a", encoding="utf-8") as out, tqdm(total=total, initial=skipped, unit="list",
+                                                               desc="capcal batch", disable=not progress) as bar:
+            def written(row: dict[str, Any], ranking: Ranking) -> None:
+                out.write(json.dumps(record(row, ranking, top_n), ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                bar.update()
+
+            if first:
+                _drain(ray, actors[:1], [list(first)], at_once, written)
+                decision = ray.get(actors[0].decision.remote())
+                if decision is not None:
+                    decision_path(output).write_text(decision + "\n", encoding="utf-8")
+                    ray.get([actor.use_decision.remote(decision) for actor in actors[1:]])
+                    log.info("batch: the content check decided on worker 0, handed to the others and saved in %s",
+                             decision_path(output))
+            _drain(ray, actors, [rest[k::len(actors)] for k in range(len(actors))], at_once, written)  # by query
+            if deciding and not first and (decision := ray.get(actors[0].decision.remote())) is not None:
+                decision_path(output).write_text(decision + "\n", encoding="utf-8")  # one worker: saved for resuming
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _drain(ray: Any, actors: list[Any], shards: list[list[dict[str, Any]]], at_once: int,
+           written: Callable[[dict[str, Any], Ranking], None]) -> None:
+    """Rank every shard on its actor (the shards are consumed), ``at_once`` lists in flight each, writing each
+    result as it comes; on any failure the lists in flight are cancelled and the error raised."""
     flying: dict[Any, tuple[int, dict[str, Any]]] = {}
 
     def submit(k: int) -> None:
@@ -199,25 +244,18 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
         for k in range(len(actors)):
             for _ in range(at_once):
                 submit(k)
-        with open(output, "a", encoding="utf-8") as out, tqdm(total=total, initial=skipped, unit="list",
-                                                               desc="capcal batch", disable=not progress) as bar:
-            while flying:
-                [ref], _ = ray.wait(list(flying), num_returns=1)
-                k, row = flying.pop(ref)
-                try:
-                    ranking = ray.get(ref)
-                except ray.exceptions.RayTaskError as err:
-                    raise (err.cause if isinstance(err.cause, BaseException) else err) from None
-                out.write(json.dumps(record(row, ranking, top_n), ensure_ascii=False) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-                bar.update()
-                submit(k)
+        while flying:
+            [ref], _ = ray.wait(list(flying), num_returns=1)
+            k, row = flying.pop(ref)
+            try:
+                ranking = ray.get(ref)
+            except ray.exceptions.RayTaskError as err:
+                raise (err.cause if isinstance(err.cause, BaseException) else err) from None
+            written(row, ranking)
+            submit(k)
     finally:
         for ref in flying:
             ray.cancel(ref, force=True)
-        for actor in actors:
-            ray.kill(actor)
 
 
 _WORKER = None
@@ -235,6 +273,13 @@ def _worker_class(ray: Any) -> Any:
 
             async def rank(self, query: str, passages: Iterable[Any]) -> Ranking:
                 return await self.reranker.arerank(query, list(passages))
+
+            def decision(self) -> str | None:
+                decided = self.reranker.content_decision()
+                return None if decided is None else decided.to_json()
+
+            def use_decision(self, decision: str) -> None:
+                self.reranker = self.reranker.with_options(decision=decision)
 
         _WORKER = Worker
     return _WORKER

@@ -22,12 +22,13 @@ import httpx2
 import pytest
 
 from capcal_integrations import CapCalReranker, InputError
-from capcal_integrations.batch import finished, read_rows, rerank_batch
+from capcal_integrations.batch import decision_path, finished, read_rows, rerank_batch
+from capcal_integrations.content_check import ContentDecision
 from tests.fake_endpoint import clients, make_handler
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTS = [{"query": f"query {k}", "passages": [f"passage {k}.{i}" for i in range(4)]} for k in range(12)]
-# no content check: guard="content" decides once per reranker, from the lists each worker happens to rank first
+# no content check, so that every list's ranking is comparable with a direct run's (the check's own test is below)
 METHOD = {"method": "first-token-capcal", "guard": None}
 
 
@@ -223,3 +224,27 @@ def test_batch_on_a_local_ray_with_two_servers(local_ray, server_url, hosted_ser
     again = rerank_batch(rows, tmp_path / "out.jsonl", endpoints=endpoints, api_key="none", **method)  # as a list
     assert (again.ranked, again.skipped) == (0, 2) and len(lines(tmp_path / "out.jsonl")) == 2
     sys.stderr.write(f"2 lists on a local Ray, two servers: {took:.1f} s\n")  # shown with -s
+
+
+def test_the_content_check_is_decided_once_for_the_whole_run_and_saved_for_the_next(local_ray, tmp_path):
+    servers = [FakeServer(delay=0.0), FakeServer(delay=0.0)]
+    out, urls = tmp_path / "out.jsonl", [s.url for s in servers]
+
+    def checked(rows: list[dict]) -> tuple[int, list[str]]:
+        notes = [n for r in rows for n in r.get("notes", []) if "content check" in n]
+        return sum("content check pending" in n for n in notes), [n for n in notes if "content check (8 lists" in n]
+
+    result = rerank_batch(LISTS, out, endpoints=urls, api_key="none", method="first-token-capcal", progress=False)
+    assert result.ranked == len(LISTS) and sorted(r["line"] for r in lines(out)) == list(range(len(LISTS)))
+    decision = ContentDecision.from_json(decision_path(out).read_text())
+    pending, final = checked(lines(out))
+    # the first 8 lists decided it on one worker (the 8th says the decision); every later list, on either
+    # worker, was ranked by that decision
+    assert pending == 7 and len(final) == len(LISTS) - 7
+    assert all(f"p = {decision.p_value:.3g}" in n for n in final), final
+    more = [{"query": f"query {k}", "passages": [f"passage {k}.{i}" for i in range(4)]} for k in range(12, 15)]
+    again = rerank_batch(LISTS + more, out, endpoints=urls, api_key="none", method="first-token-capcal", progress=False)
+    assert (again.ranked, again.skipped) == (3, len(LISTS))
+    pending, final = checked(lines(out)[len(LISTS):])  # the resumed run decided nothing again: the saved decision
+    assert pending == 0 and len(final) == 3 and all("saved" in n for n in final), final
+
