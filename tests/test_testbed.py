@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from capcal_integrations import EndpointError
 from capcal_integrations.calibration import normalise_logprobs
+from capcal_integrations.protocol import SPAN_SEPARATOR
 from capcal_integrations.testbed import SCENARIOS, SlotModel, simulated_endpoint
 from capcal_integrations.testbed.endpoint import Vocabulary, pieces, tokenize
 
@@ -229,6 +230,10 @@ def test_tokenize_takes_a_mixed_list_as_llama_cpp_does():
     mixed = post("http://testbed.invalid/tokenize", json={"content": ["<|im_start|>user ", *ids], "with_pieces": True}).json()
     assert "".join(t["piece"] for t in mixed["tokens"]) == "<|im_start|>user [1] cat"
     assert mixed["tokens"][0]["piece"] == "<|im_start|>"  # the text's control tokens parsed (parse_special default)
+    # the untrusted spans of a ranking in one request, between an id past the vocabulary (passed as given)
+    spans = post("http://testbed.invalid/tokenize", json={"content": ["[1] cat", SPAN_SEPARATOR, " dog"],
+                                                          "parse_special": False}).json()["tokens"]
+    assert spans == [*ids, SPAN_SEPARATOR, *post("http://testbed.invalid/tokenize", json={"content": " dog"}).json()["tokens"]]
 
 
 def test_routed_prompts_as_token_ids_only_read_the_same():

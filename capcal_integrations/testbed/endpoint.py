@@ -105,9 +105,9 @@ class SimulatedServer:
             content = body.get("content", "")
             special = bool(body.get("parse_special", True))
             tokens = [t for x in (content if isinstance(content, list) else [content]) for t in (
-                [(int(x), self.vocab.piece(int(x)))] if isinstance(x, int) else tokenize(self.vocab, str(x), special))]
-            if body.get("with_pieces"):
-                return {"tokens": [{"id": t, "piece": p} for t, p in tokens]}
+                [(int(x), None)] if isinstance(x, int) else tokenize(self.vocab, str(x), special))]
+            if body.get("with_pieces"):  # ids given pass as they are; only their pieces need them known
+                return {"tokens": [{"id": t, "piece": self.vocab.piece(t) if p is None else p} for t, p in tokens]}
             return {"tokens": [t for t, _ in tokens]}
         if path == "/detokenize":
             return {"content": "".join(self.vocab.piece(int(t)) for t in body.get("tokens", []))}
