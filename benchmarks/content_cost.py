@@ -88,7 +88,7 @@ def main() -> int:
               "runs": runs, "decision_extra_per_list": {**extra, "cold_uncached": extra_cold}, "decision_lists": LISTS}
     out = pathlib.Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    model = _reranker("vanilla", args.base_url, options).model
+    model = _reranker("vanilla", args.base_url, options).capabilities().model
     out.with_suffix(".md").write_text("\n".join([
         f"# What a list costs once the content check has decided ({model} at {args.base_url})", "",
         f"{len(lists)} DL19 BM25 top-20 lists, the three ways taking turns going first (see "
