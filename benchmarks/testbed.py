@@ -119,7 +119,8 @@ def real_model(url: str, data: str, out: pathlib.Path, queries: int | None = Non
               "decision": decision.to_json() if decision else None,
               "calibrated_lists": sum(not r.guarded for r in rankings), "seconds": seconds,
               "requests": sum(r.usage.requests for r in rankings), "prompt_tokens": sum(r.usage.prompt_tokens for r in rankings),
-              "pooled": vars(pooled), "sets_of_8_passing": sum(c.p_value <= LEVEL for c in sets) / len(sets)}
+              "pooled": vars(pooled), "sets_of_8_passing": sum(c.p_value <= LEVEL for c in sets) / len(sets),
+              "readings": [[list(r.real), list(r.swapped)] for r in readings]}  # first-step logprobs, for analysis
     _file(out, ".json").write_text(json.dumps(result, indent=1) + "\n")
     _file(out, ".md").write_text("\n".join([
         f"# The content check on a real model ({rr.model} at {url})", "",
