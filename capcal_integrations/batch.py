@@ -202,7 +202,8 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
     if not ray.is_initialized():
         ray.init()
     actors = [_worker_class(ray).remote(url, settings) for url in urls]
-    first = rows[:LISTS] if deciding and len(actors) > 1 else []  # to one worker, until it has decided
+    lists = int(settings.get("check_lists", LISTS))
+    first = rows[:lists] if deciding and len(actors) > 1 else []  # to one worker, until it has decided
     rest = rows[len(first):]
     try:
         with open(output, "a", encoding="utf-8") as out, tqdm(total=total, initial=skipped, unit="list",

@@ -193,7 +193,7 @@ class ContentCheck:
 _CHECKS_LOCK = threading.Lock()
 
 
-def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None) -> ContentCheck:
+def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, lists: int = LISTS) -> ContentCheck:
     """The check for ``key`` in an endpoint state's ``checks``, made on first use; seeded with the ``saved``
     decision (JSON or a file) when that decision is about the same key (else logged, and decided afresh)."""
     check = checks.get(key)
@@ -204,7 +204,7 @@ def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = Non
         log.warning("capcal: the saved content decision is for %s, not %s: deciding afresh", dict(decision.key), dict(key))
         decision = None
     with _CHECKS_LOCK:
-        check = checks.setdefault(key, ContentCheck(key, decision))
+        check = checks.setdefault(key, ContentCheck(key, decision, lists))
     if decision is not None and check.decision is decision:
         log.info("capcal: %s", decision)
     return check
@@ -217,7 +217,7 @@ def check_of(state: Any, opts: Any) -> ContentCheck | None:
     if not opts.calibrated or opts.guard != "content":
         return None
     key = decision_key(state.caps.model, opts.template, opts.placeholder, opts.prompt, opts.labels, opts.calibration)
-    return check_for(state.content, key, getattr(opts, "decision", None))
+    return check_for(state.content, key, getattr(opts, "decision", None), getattr(opts, "check_lists", LISTS))
 
 
 def decision_of(state: Any, opts: Any) -> ContentDecision | None:

@@ -144,11 +144,13 @@ class Options:
                                  "or a fixed calibration strength >= 0.", _alpha)
     guard: float | str | None = _option(
         "content", "Whether the calibrated methods calibrate at all. 'content': decided once per model, prompt and "
-        "placeholder on the first 8 lists (each read a second time with its halves swapped: one more prompt per "
+        "placeholder on the first check_lists lists (8; each read a second time with its halves swapped: one more prompt per "
         "deciding list; a slot-paired contrast, blind to slot effects); a model that shows no content signal keeps "
         "every list's given order. A number: the older per-list check (one more prompt per window; the window keeps "
         "its given order when its calibrated scores, read as given and rotated by half, agree less than this Kendall "
         "tau z-score; fooled by slot effects). None: always calibrate.", _guard)
+    check_lists: int = _option(8, "Lists the content check pools before it decides (guard='content'): more lists, "
+                               "a decision that depends less on which lists come first, at one more prompt each.", _int)
     decision: str | None = _option(None, "A saved content-check decision (the JSON of "
                                    "reranker.content_decision().to_json(), or a file holding it), so that a new process "
                                    "ranks without deciding again; used where model, prompt and placeholder match.",
@@ -248,6 +250,9 @@ class Options:
         for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):
             if not _whole(getattr(self, name)):
                 raise InputError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if not (_whole(self.check_lists) and self.check_lists >= 2):
+            raise InputError(f"check_lists must be an integer >= 2 (lists pooled by the content check), got "
+                             f"{self.check_lists!r}")
         if self.depth is not None and not (_whole(self.depth) and self.depth >= 1):
             raise InputError(f"depth must be an integer >= 1 (places to decode), or None for all, got {self.depth!r}")
         if self.deadline is not None and not (_finite(self.deadline) and self.deadline > 0):

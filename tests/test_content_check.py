@@ -140,6 +140,18 @@ def test_the_decision_is_taken_once_and_shared_by_copies_and_the_async_path(capl
     assert any("content check (8 lists" in n for n in ranking.notes)
 
 
+def test_check_lists_sets_how_many_lists_the_decision_pools():
+    data = lists(12)
+    rr = simulated_endpoint(data, s=2.0, seed=0).reranker().with_options(check_lists=12)
+    rankings = [rr.rerank(q, p) for q, p, _ in data[:12]]
+    assert "content check pending (11 of 12 lists)" in rankings[10].notes[0]
+    assert rr.content_decision() is not None and rr.content_decision().lists == 12
+    assert [bool(r.checked) for r in rankings] == [True] * 12  # each deciding list read a second time
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(InputError, match="check_lists"):
+            rr.with_options(check_lists=bad)
+
+
 def test_another_template_or_placeholder_is_decided_afresh():
     data = lists()
     rr = simulated_endpoint(data, s=2.0, seed=0).reranker()
