@@ -70,19 +70,19 @@ def main() -> int:
         rows.append({"lists": k, **{f"pass_at_{level:g}": sum(c.p_value <= level for c in sets) / SETS
                                     for level in LEVELS}})
     out = pathlib.Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({
+    (out.parent / (out.name + ".json")).write_text(json.dumps({
         "model": model, "lists": len(readings), "pooled": vars(pooled), "rows": rows,
         "readings": [[list(r.real), list(r.swapped)] for r in readings]}, indent=1) + "\n")
     table = ["| lists per decision | " + " | ".join(f"sets passing at {level:g}" for level in LEVELS) + " |",
              "|---:|" + "---:|" * len(LEVELS)]
     table += [f"| {r['lists']} | " + " | ".join(f"{r[f'pass_at_{level:g}']:.1%}" for level in LEVELS) + " |"
               for r in rows]
-    out.with_suffix(".md").write_text("\n".join([
+    (out.parent / (out.name + ".md")).write_text("\n".join([
         f"# How much the content check's decision depends on the lists it sees ({model})", "",
         f"{len(readings)} DL19 BM25 top-20 lists, each read as given and with its halves swapped at the first step; "
         f"over all of them the slot-paired contrast gives p = {pooled.p_value:.3g} (content/noise {pooled.ratio:.2f}). "
         f"{SETS} random sets per size (overlapping: estimates for these lists):", "", *table, ""]))
-    print(out.with_suffix(".md").read_text())
+    print((out.parent / (out.name + ".md")).read_text())
     return 0
 
 
