@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 import secrets
 import signal
 import stat
@@ -30,6 +29,7 @@ from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
 from .redaction import RedactingFilter, redact
 from .reranker import CapCalReranker
+from .server.command import add_serve_parser, serve_command
 
 if TYPE_CHECKING:
     from .server import Endpoint
@@ -261,48 +261,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- serve
-
-
-def _origin(text: str) -> str:
-    if text == "*" or re.fullmatch(r"https?://[^/\s,*]+", text):
-        return text
-    raise argparse.ArgumentTypeError(f"expected one origin such as http://localhost:3000 (or *), got {text!r}")
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve with a key always: ``--api-key``, ``$CAPCAL_API_KEY``, else a random one. The state file
-    (mode 0600) holds it, and lets this user's commands find the server and check it is this one."""
-    from .server.ownership import new_key
-
-    api_key = args.api_key or os.environ.get("CAPCAL_API_KEY") or new_key()
-    if args.engine == "vllm":
-        return _serve_vllm(args, api_key)
-    from .server import serve
-
-    serve(args.model, args.host, args.port, n_parallel=args.n_parallel, api_key=api_key,
-          allow_origin=args.allow_origin, record=True)
-    return 0
-
-
-def _serve_vllm(args: argparse.Namespace, api_key: str) -> int:
-    from .server import vllm
-    from .server.launcher import vllm_browser_flags
-    from .server.llamacpp import check_port
-    from .server.ownership import forget_server, record_server
-
-    vllm.check_vllm()
-    check_port(args.host, args.port)  # before the state file: a busy port may hold another server of ours
-    state = record_server(args.host, args.port, api_key, engine="vllm", model=args.model)
-    _out(f"capcal: the API key is in {state} (readable by you only); capcal rerank, tune and demo on this "
-         "machine find it there", sys.stderr)
-    try:
-        return vllm.serve(args.model, args.host, args.port, api_key=api_key,
-                          extra=vllm_browser_flags(args.allow_origin))
-    finally:
-        forget_server(state)
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -311,21 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests and decisions")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("serve", help="serve the embedded model with llama.cpp's (or vLLM's) OpenAI-compatible server")
-    p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
-                   help="llamacpp (default; the xllamacpp wheel) or vllm (the installed vLLM, or $CAPCAL_VLLM_PYTHON's; "
-                        "the model is converted to Hugging Face format once)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--model", default="0.5b", help="0.5b (default), 1.5b or smollm2")
-    p.add_argument("--n-parallel", type=int, default=8, help="server slots (real and empty prompts keep one each)")
-    p.add_argument("--api-key", default=None,
-                   help="the key clients must send (default: $CAPCAL_API_KEY, else a random one); either way it is "
-                        "written to a file only you can read, where capcal commands on this machine find it. "
-                        "Prefer $CAPCAL_API_KEY: other users can read a command line")
-    p.add_argument("--allow-origin", type=_origin, default=None, metavar="ORIGIN",
-                   help="the one web origin (e.g. http://localhost:3000) whose pages may read answers "
-                        "(default: none; pages still need the key)")
+    add_serve_parser(sub)
 
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
     _add_input_options(p)
@@ -413,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, "%(name)s: %(message)s")
     logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
-    commands = {"serve": cmd_serve, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}
+    commands = {"serve": serve_command, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}
     return _handled(lambda: commands[args.command](args), args.verbose)
 
 
