@@ -216,18 +216,24 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
 
             if first:
                 _drain(ray, actors[:1], [list(first)], at_once, written)
-                decision = ray.get(actors[0].decision.remote())
-                if decision is not None:
-                    decision_path(output).write_text(decision + "\n", encoding="utf-8")
+                if (decision := _saved_decision(ray, actors[0], output)) is not None:
                     ray.get([actor.use_decision.remote(decision) for actor in actors[1:]])
-                    log.info("batch: the content check decided on worker 0, handed to the others and saved in %s",
-                             decision_path(output))
+                    log.info("batch: the content check decided on worker 0, handed to the others")
             _drain(ray, actors, [rest[k::len(actors)] for k in range(len(actors))], at_once, written)  # by query
-            if deciding and not first and (decision := ray.get(actors[0].decision.remote())) is not None:
-                decision_path(output).write_text(decision + "\n", encoding="utf-8")  # one worker: saved for resuming
+            if deciding and not first:  # one worker: its decision saved for resuming
+                _saved_decision(ray, actors[0], output)
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+def _saved_decision(ray: Any, actor: Any, output: Path) -> str | None:
+    """The content check's decision ``actor`` has taken (``None`` before it has), saved beside ``output``."""
+    decision = ray.get(actor.decision.remote())
+    if decision is not None:
+        decision_path(output).write_text(decision + "\n", encoding="utf-8")
+        log.info("batch: the content check's decision saved in %s", decision_path(output))
+    return decision
 
 
 def _drain(ray: Any, actors: list[Any], shards: list[list[dict[str, Any]]], at_once: int,

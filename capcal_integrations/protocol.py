@@ -176,24 +176,23 @@ def span_ids(caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:
     own, exactly as one request per text would, and the spans come back between :data:`SPAN_SEPARATOR` ids.
     Should the answer not split into one run per text (a server that checks or drops ids), or the server
     refuse the list (a 4xx), one request per text."""
-    if caps.tokenize != "llamacpp" or len(texts) < 2:
-        return [[i for i, _ in ts] for ts in (yield from tokenize(caps, texts))]
-    content: list[str | int] = [x for t in texts for x in (SPAN_SEPARATOR, t)][1:]
-    runs: list[list[int]] = [[]]
-    try:
-        [answer] = yield [Call("POST", "/tokenize", {"content": content, "add_special": False, "parse_special": False},
-                               root=True)]
-        for i, _ in parse_tokens(answer):
-            if i == SPAN_SEPARATOR:
-                runs.append([])
-            else:
-                runs[-1].append(i)
-    except EndpointError as err:
-        if not isinstance(err, ResponseError) and not (err.status and 400 <= err.status < 500):
-            raise
-        runs = []
-    if len(runs) == len(texts):
-        return runs
+    if caps.tokenize == "llamacpp" and len(texts) > 1:
+        content: list[str | int] = [x for t in texts for x in (SPAN_SEPARATOR, t)][1:]
+        runs: list[list[int]] = [[]]
+        try:
+            [answer] = yield [Call("POST", "/tokenize", {"content": content, "add_special": False,
+                                                         "parse_special": False}, root=True)]
+            for i, _ in parse_tokens(answer):
+                if i == SPAN_SEPARATOR:
+                    runs.append([])
+                else:
+                    runs[-1].append(i)
+        except EndpointError as err:
+            if not isinstance(err, ResponseError) and not (err.status and 400 <= err.status < 500):
+                raise
+            runs = []
+        if len(runs) == len(texts):
+            return runs
     return [[i for i, _ in ts] for ts in (yield from tokenize(caps, texts))]
 
 

@@ -211,4 +211,3 @@ def tokenized_texts(calls: list) -> list[str]:
     untrusted spans go in one batch, between separator ids)."""
     sent = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
     return [x for content in sent for x in (content if isinstance(content, list) else [content]) if isinstance(x, str)]
-

@@ -139,20 +139,24 @@ def test_a_guarded_window_is_visible_per_document():
 
 # --------------------------------------------------------------------------- the spans' ids, in one request
 
-def _drops_unknown_ids(request):
-    """A llama.cpp that drops ids it does not know from a mixed /tokenize list (the batch cannot split)."""
+def _span_batch(request) -> dict | None:
+    """The body of a /tokenize of the spans in one mixed list (parse_special off), else None."""
     body = json.loads(request.content or b"{}")
     if request.url.path == "/tokenize" and isinstance(body.get("content"), list) and not body.get("parse_special", True):
-        from tests.fake_endpoint import tokenize as fake_tokenize
+        return body
+    return None
 
-        ids = [i for x in body["content"] if isinstance(x, str) for i, _ in fake_tokenize(x, parse_special=False)]
+
+def _drops_unknown_ids(request):
+    """A llama.cpp that drops ids it does not know from a mixed /tokenize list (the batch cannot split)."""
+    if (body := _span_batch(request)) is not None:
+        ids = [i for x in body["content"] if isinstance(x, str) for i, _ in tokenize(x, parse_special=False)]
         return httpx2.Response(200, json={"tokens": ids})
     return None
 
 
 def _refuses_id_lists(request):
-    body = json.loads(request.content or b"{}")
-    if request.url.path == "/tokenize" and isinstance(body.get("content"), list) and not body.get("parse_special", True):
+    if _span_batch(request) is not None:
         return httpx2.Response(400, json={"error": {"message": "invalid token id"}})
     return None
 

@@ -228,12 +228,17 @@ def _run(server: SimulatedServer, lists: Sequence[BenchList], opts: dict[str, An
     return reranker, [reranker.rerank(b.query, list(b.passages)) for b in lists]
 
 
+def _best_alpha(row: Row) -> str:
+    """The alpha a ``capcal-best`` row names first in its note (``"alpha 1.5; ..."``)."""
+    return row.note.split(";")[0].split()[-1]
+
+
 def table(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table: scenario, s, method, nDCG@10 (standard error over draws), reads share."""
     out = ["| scenario | s | method | nDCG@10 | reads share |", "|---|---:|---|---:|---:|"]
     for r in rows:
         share = "" if r.reads_share is None else f"{r.reads_share:.2f}"
-        method = f"{r.method} (alpha {r.note.split(';')[0].split()[-1]})" if r.method == "capcal-best" and r.note else r.method
+        method = f"{r.method} (alpha {_best_alpha(r)})" if r.method == "capcal-best" and r.note else r.method
         out.append(f"| {r.scenario} | {r.s:g} | {method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
     return "\n".join(out)
 
@@ -256,8 +261,7 @@ def pivot(rows: Sequence[Row]) -> str:
             if r is not None and m == "default" and r.reads_share is not None:
                 text += f" (reads {r.reads_share:.2f})"
             if r is not None and m == "capcal-best" and r.note:
-                text += f" (alpha {r.note.split(';')[0].split()[-1]})"
+                text += f" (alpha {_best_alpha(r)})"
             values.append(text)
         out.append(f"| {name} | {s:g} | " + " | ".join(values) + " |")
     return "\n".join(out)
-
