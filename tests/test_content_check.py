@@ -146,7 +146,8 @@ def test_check_lists_sets_how_many_lists_the_decision_pools():
     rankings = [rr.rerank(q, p) for q, p, _ in data[:12]]
     assert "content check pending (11 of 12 lists)" in rankings[10].notes[0]
     assert rr.content_decision() is not None and rr.content_decision().lists == 12
-    assert [bool(r.checked) for r in rankings] == [True] * 12  # each deciding list read a second time
+    assert [r.checked for r in rankings] == [(0,)] * 12  # each deciding list (one window) read a second time
+    assert rr.rerank(*data[0][:2]).checked == ()  # decided: no second reading
     for bad in (1, 0, 2.5, True):
         with pytest.raises(InputError, match="check_lists"):
             rr.with_options(check_lists=bad)
