@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .content_check import LISTS
+from .content_check import CAP
 from .errors import InputError, MissingExtra
 from .options import Options
 from .reranker import CapCalReranker
@@ -170,6 +170,8 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
     if deciding and saved.is_file():
         log.info("batch: the content check's decision saved by an earlier run is used (%s)", saved)
         options, deciding = {**options, "decision": str(saved)}, False
+    if deciding:  # a batch waits for the check's readings: every list after the decision is ranked by it
+        options = {"check_wait": True, **options}
     rows = _rows(source)
     keys = [_key(row) for row in rows]
     if len(set(keys)) < len(keys):
@@ -202,7 +204,7 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
     if not ray.is_initialized():
         ray.init()
     actors = [_worker_class(ray).remote(url, settings) for url in urls]
-    lists = int(settings.get("check_lists", LISTS))
+    lists = int(settings.get("check_lists", CAP))
     first = rows[:lists] if deciding and len(actors) > 1 else []  # to one worker, until it has decided
     rest = rows[len(first):]
     try:

@@ -1,22 +1,42 @@
-"""Does a model read the passages? The slot-paired contrast of two readings of the same lists.
+"""Does a model read the passages? Four readings of a query's list, and a sequential test over queries.
 
-Each deciding list is read a second time with its two halves
-swapped (:func:`halves_swapped`: the passages of slots ``j`` and ``j + n/2`` trade places). For a pair
-of slots, ``dA`` is the log-probability difference of the two slots in the given reading and ``dB`` in
-the swapped one. Whatever the slots do (the prior, a real-vs-empty mismatch, a last-digit effect) is the
-same in both readings, so it cancels in ``dA - dB``, which is twice the difference of the two passages'
-content (plus noise). Without content, ``dA`` and ``dB`` are two exchangeable draws of the same slot
-contrast in every list; with content, they move apart (``dA`` up where ``dB`` is down). The statistic
-``T = -sum (dA - m)(dB - m)`` (``m`` the mean of the slot pair's values over the lists) is referred to
-its exact permutation distribution: the values of each slot pair permuted across lists and readings.
-Nothing is assumed about the slot effects' shape, the noise's distribution or ties (labels at one
-floor value are exchangeable too). Measured on the testbed (:mod:`capcal_integrations.testbed`):
-about 1 % false passes in every slot scenario, power >= 0.97 at a content slope of 0.5 logits per grade.
+**The readings.** A query's list (its top window, ``n >= 4`` passages, ``h = n // 2`` slot pairs ``(k, k + h)``)
+is read at the first decoding step in four orders (:func:`reading_orders`): ``A`` as given, ``B`` with its
+halves swapped, ``C`` with the slot pairs rotated by one (passage pair ``m`` shown at slot pair ``m - 1``),
+and ``D``: ``C`` with its halves swapped. For passage pair ``m`` (passages ``m`` and ``m + h``),
 
-**The calibration strength** (``alpha="auto"``) is chosen on the same lists, label-free: the ``alpha``
-whose calibrated rankings of the given and the swapped reading agree most (mean Kendall tau), each
-ranking the decoding the first-step distributions imply (every later step the same distributions
-restricted to the labels left: :func:`implied_order`).
+* ``e1 = dA - dB`` at the slot pair that shows it in ``A``/``B``, and
+* ``e2 = dC - dD`` at the slot pair that shows it in ``C``/``D``,
+
+where ``d`` is the log-probability difference of the pair's two slots in one reading. Whatever the slots do
+(the prior, a real-vs-empty mismatch, a last-digit effect, slot effects of this one list shared by its
+readings) is the same in the two readings of a difference and cancels; what is left is twice the content
+difference of the two passages, plus noise. ``e1`` and ``e2`` are two estimates of the same content
+difference from different slots. Without content their noises are independent and each is symmetric
+about zero (the two readings of a difference are exchangeable), so ``sign(e1 * e2)`` is a fair coin for
+every pair, whatever the noise's size, shape or ties.
+
+**The score of a query** (:func:`agreement`) is the weighted share of pairs whose two estimates agree in
+sign, ``X = sum w_m sign(e1_m e2_m) / sum w_m`` with ``w_m = |e1_m e2_m|`` (bounded in [-1, 1]; the weights
+are sign-free, so ``E[X] = 0`` without content, in any list, at any noise scale). A model that reads
+moves both estimates the same way: ``X > 0``.
+
+**The sequential test** (:class:`Evidence`): two e-processes (test martingales, each a mixture over
+betting fractions ``LAMBDAS`` of ``prod (1 + lambda * score)``) run over the queries in the order they
+come:
+
+* "reads" when ``mean_lambda prod (1 + lambda X_i)`` reaches ``1 / LEVEL``: without content (``E[X] = 0``)
+  it ever does with probability at most ``LEVEL``, however many queries are looked at (Ville's inequality);
+* "does not read" when ``mean_lambda prod (1 + lambda (EFFECT - X_i))`` reaches ``1 / MISS``: a model whose
+  queries score ``EFFECT`` or more on average is called a non-reader with probability at most ``MISS``;
+* neither after ``CAP`` queries: "does not read (undecided)".
+
+One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``), so one loud list
+cannot decide alone. Measured on the testbed (``benchmarks/decisions.py``).
+
+**The calibration strength** (``alpha="auto"``) is chosen on the same readings, label-free
+(:func:`choose_alpha`): the ``alpha`` whose calibrated rankings of the four readings, mapped back to the
+passages, agree most (mean Kendall tau over the pairs of readings).
 
 Pure functions; no I/O. :mod:`.content_check` decides with them.
 """
@@ -24,25 +44,35 @@ Pure functions; no I/O. :mod:`.content_check` decides with them.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import combinations
 
 from .calibration import calibrated
 from .orders import kendall_tau, order_of_scores
 
-__all__ = ["ALPHAS", "PERMUTATIONS", "halves_swapped", "Reading", "Contrast", "paired_contrast", "implied_order",
-           "choose_alpha"]
+__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "halves_swapped", "reading_orders",
+           "Reading", "agreement", "Evidence", "implied_order", "choose_alpha"]
 
 #: The strengths tried by ``alpha="auto"``.
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
-#: Permutations of the test's reference distribution.
-PERMUTATIONS = 999
+#: The betting fractions mixed by both e-processes.
+LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
+#: False "reads" (a model without content signal called a reader) at most this, at any number of looks.
+LEVEL = 0.01
+#: False "does not read" for a model whose queries score at least :data:`EFFECT`, at most this.
+MISS = 0.05
+#: The smallest mean query score (:func:`agreement`) worth calibrating for: on the testbed a content slope of
+#: about 0.15 logits per relevance grade (0.2 scores about 0.5; ``benchmarks/decisions.py`` measures it).
+EFFECT = 0.4
+#: Queries after which an undecided check says "does not read (undecided)".
+CAP = 40
+#: The shortest list that can be read for the check (two slot pairs).
+MIN_PASSAGES = 4
 
 
 def halves_swapped(n: int) -> list[int]:
-    """The second reading's order: slot ``j`` shows passage ``perm[j]``, the halves traded (for odd ``n``
-    the last passage stays).
+    """Reading ``B``: slot ``j`` shows passage ``perm[j]``, the halves traded (for odd ``n`` the last passage stays).
 
     >>> halves_swapped(4), halves_swapped(5)
     ([2, 3, 0, 1], [2, 3, 0, 1, 4])
@@ -51,85 +81,131 @@ def halves_swapped(n: int) -> list[int]:
     return [*range(h, 2 * h), *range(h), *range(2 * h, n)]
 
 
+def reading_orders(n: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The four readings' orders (slot ``j`` shows passage ``order[j]``): as given, halves swapped, slot pairs
+    rotated by one, and rotated with halves swapped.
+
+    >>> reading_orders(4)
+    ([0, 1, 2, 3], [2, 3, 0, 1], [1, 0, 3, 2], [3, 2, 1, 0])
+    >>> reading_orders(7)[2]
+    [1, 2, 0, 4, 5, 3, 6]
+    """
+    h = n // 2
+    rotated = [(k + 1) % h for k in range(h)]
+    tail = list(range(2 * h, n))
+    return (list(range(n)), halves_swapped(n), [*rotated, *(r + h for r in rotated), *tail],
+            [*(r + h for r in rotated), *rotated, *tail])
+
+
 @dataclass(frozen=True)
 class Reading:
-    """One list's first-step log-probabilities by slot: the given reading, the halves-swapped one and the
+    """One query's first-step log-probabilities by slot in the four orders of :func:`reading_orders`, and the
     empty prompt's (for choosing ``alpha``). Any additive constant per reading is irrelevant."""
 
-    real: tuple[float, ...]
-    swapped: tuple[float, ...]
+    slots: tuple[tuple[float, ...], ...]
     empty: tuple[float, ...] | None = None
 
-
-@dataclass(frozen=True)
-class Contrast:
-    """The slot-paired contrast of some readings: ``T``, the content-to-noise ratio (mean square of the
-    within-list half-differences over that of the slot-pair sums about their means; about 1 without
-    content), the permutation p-value, and the lists and slot pairs it pooled."""
-
-    statistic: float
-    ratio: float
-    p_value: float
-    lists: int
-    pairs: int
+    def __post_init__(self) -> None:
+        n = len(self.slots[0]) if self.slots else 0
+        if len(self.slots) != 4 or n < MIN_PASSAGES or any(len(s) != n for s in self.slots):
+            raise ValueError(f"a reading is four vectors of one length >= {MIN_PASSAGES}, got {[len(s) for s in self.slots]}")
 
 
-def paired_contrast(readings: Sequence[Reading], permutations: int = PERMUTATIONS, seed: int = 0) -> Contrast:
-    """The slot-paired contrast test (module docstring). Lists of different lengths are separate strata.
+def estimates(reading: Reading) -> tuple[list[float], list[float]]:
+    """``(e1, e2)`` per passage pair ``m``: the two slot-free estimates of its content difference (module docstring).
 
-    Two lists of four passages; the model adds ``c`` to each passage (content) and ``b`` to each slot:
+    Slot effects ``b`` cancel; content ``c`` remains, twice:
 
-    >>> b, c1, c2 = [1.0, 0.0, 0.5, -1.0], [2.0, 0.0, 0.0, 1.0], [0.0, 1.0, 2.0, 0.0]
-    >>> def reading(c):
-    ...     swapped = [c[i] for i in halves_swapped(4)]
-    ...     return Reading(tuple(x + y for x, y in zip(b, c)), tuple(x + y for x, y in zip(b, swapped)))
-    >>> t = paired_contrast([reading(c1), reading(c2)])
-    >>> t.statistic, t.lists, t.pairs  # pair 1: dA, dB = 2.5, -1.5 and -1.5, 2.5 (m = .5); pair 2: 0, 2 and 2, 0
-    (10.0, 2, 2)
-    >>> flat = paired_contrast([reading([0.0] * 4), reading([0.0] * 4)])  # slots only: nothing left
-    >>> abs(flat.statistic), flat.p_value
-    (0.0, 1.0)
+    >>> b, c = [1.0, 0.0, 0.5, -1.0], [2.0, 0.0, 0.0, 1.0]
+    >>> slots = tuple(tuple(b[j] + c[o[j]] for j in range(4)) for o in reading_orders(4))
+    >>> estimates(Reading(slots))  # pair 0: 2 * (2 - 0); pair 1: 2 * (0 - 1)
+    ([4.0, -2.0], [4.0, -2.0])
     """
-    strata: dict[int, list[tuple[list[float], list[float]]]] = {}
-    for r in readings:
-        n = len(r.real)
-        if n < 4 or len(r.swapped) != n:
-            continue
-        h = n // 2
-        da = [r.real[j] - r.real[j + h] for j in range(h)]
-        db = [r.swapped[j] - r.swapped[j + h] for j in range(h)]  # slot j shows passage j + h, and the reverse
-        strata.setdefault(n, []).append((da, db))
-    cells = []  # per (stratum, slot pair): the values (dA_k, dB_k) of its lists, centred
-    for group in strata.values():
-        if len(group) < 2:
-            continue
-        for j in range(len(group[0][0])):
-            values = [v for da, db in group for v in (da[j], db[j])]
-            m = math.fsum(values) / len(values)
-            cells.append([v - m for v in values])
-    lists = sum(len(g) for g in strata.values() if len(g) >= 2)
-    if not cells:
-        return Contrast(0.0, 1.0, 1.0, lists, 0)
+    a, b, c, d = reading.slots
+    h = len(a) // 2
+    e1 = [(a[m] - a[m + h]) - (b[m] - b[m + h]) for m in range(h)]
+    e2 = []
+    for m in range(h):
+        k = (m - 1) % h  # the slot pair that shows passage pair m in C and D
+        e2.append((c[k] - c[k + h]) - (d[k] - d[k + h]))
+    return e1, e2
 
-    def statistic(cell_values: list[list[float]]) -> float:
-        return -math.fsum(c[2 * k] * c[2 * k + 1] for c in cell_values for k in range(len(c) // 2)) + 0.0
 
-    observed = statistic(cells)
-    # the ratio, for the reader: within-list half-differences against slot-pair half-sums (centred: the
-    # cell's values sum to zero, so the half-sums' mean is zero too)
-    n_lists = sum(len(c) // 2 for c in cells)
-    half_diff = math.fsum(((c[2 * k] - c[2 * k + 1]) / 2) ** 2 for c in cells for k in range(len(c) // 2)) / n_lists
-    half_sum = math.fsum(((c[2 * k] + c[2 * k + 1]) / 2) ** 2 for c in cells for k in range(len(c) // 2)) / (
-        n_lists - len(cells))
-    ratio = half_diff / half_sum if half_sum > 0 else (math.inf if half_diff > 0 else 1.0)
-    rng = random.Random(seed)
-    beyond = 0
-    shuffled = [list(c) for c in cells]
-    for _ in range(permutations):
-        for c in shuffled:
-            rng.shuffle(c)
-        beyond += statistic(shuffled) >= observed - 1e-12 * (1 + abs(observed))
-    return Contrast(observed, ratio, (beyond + 1) / (permutations + 1), lists, len(cells))
+def agreement(reading: Reading) -> float:
+    """The query's score: the share of passage pairs whose two content estimates agree in sign, weighted by
+    ``|e1 e2|``, in [-1, 1]; 0 where no pair has information (a model that ignores the passages).
+
+    >>> b, c = [1.0, 0.0, 0.5, -1.0], [2.0, 0.0, 0.0, 1.0]
+    >>> agreement(Reading(tuple(tuple(b[j] + c[o[j]] for j in range(4)) for o in reading_orders(4))))
+    1.0
+    >>> agreement(Reading(((0.0,) * 4,) * 4))
+    0.0
+    """
+    e1, e2 = estimates(reading)
+    products = [x * y for x, y in zip(e1, e2)]
+    total = math.fsum(abs(p) for p in products)
+    if not total > 0 or not math.isfinite(total):
+        return 0.0
+    return max(-1.0, min(1.0, math.fsum(products) / total))
+
+
+@dataclass
+class Evidence:
+    """The sequential test's state over the queries seen so far (module docstring); :meth:`add` one score at a
+    time, then read :attr:`verdict`: ``"reads"``, ``"does not read"``, ``"undecided"`` (at :data:`CAP`) or
+    ``None`` (not yet).
+
+    >>> e = Evidence()
+    >>> while e.verdict is None:
+    ...     _ = e.add(0.9)
+    >>> e.verdict, e.queries, round(e.for_reads)
+    ('reads', 10, 162)
+    >>> e = Evidence()
+    >>> while e.verdict is None:
+    ...     _ = e.add(0.0)
+    >>> e.verdict, e.queries
+    ('does not read', 17)
+    """
+
+    level: float = LEVEL
+    miss: float = MISS
+    effect: float = EFFECT
+    cap: int = CAP
+    scores: list[float] = field(default_factory=list)
+    _reads: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
+    _not: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
+    verdict: str | None = None
+
+    @property
+    def queries(self) -> int:
+        return len(self.scores)
+
+    @property
+    def for_reads(self) -> float:
+        """The e-value against "no content signal" (``1 / level`` decides "reads")."""
+        return math.fsum(self._reads) / len(self._reads)
+
+    @property
+    def for_not(self) -> float:
+        """The e-value against "reads with at least :attr:`effect`" (``1 / miss`` decides "does not read")."""
+        return math.fsum(self._not) / len(self._not)
+
+    def add(self, score: float) -> str | None:
+        """Pool one query's score; the verdict once there is one (later scores are ignored)."""
+        if self.verdict is not None:
+            return self.verdict
+        x = max(-1.0, min(1.0, float(score)))
+        self.scores.append(x)
+        scale = 1.0 / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
+        self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, LAMBDAS)]
+        self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, LAMBDAS)]
+        if self.for_reads >= 1.0 / self.level:
+            self.verdict = "reads"
+        elif self.for_not >= 1.0 / self.miss:
+            self.verdict = "does not read"
+        elif self.queries >= self.cap:
+            self.verdict = "undecided"
+        return self.verdict
 
 
 def implied_order(real: Sequence[float], empty: Sequence[float] | None, alpha: float, form: str = "additive",
@@ -155,19 +231,20 @@ def implied_order(real: Sequence[float], empty: Sequence[float] | None, alpha: f
 
 def choose_alpha(readings: Sequence[Reading], alphas: Sequence[float] = ALPHAS, form: str = "additive",
                  first_only: bool = False) -> tuple[float, dict[float, float]]:
-    """The strength whose implied rankings of the given and the swapped reading agree most (mean Kendall
-    tau over the lists, passage by passage), and that agreement per strength; ties go to the one nearest 1."""
-    usable = [r for r in readings if r.empty is not None and len(r.real) >= 2]
+    """The strength whose implied rankings of the four readings, passage by passage, agree most (mean Kendall
+    tau over the pairs of readings and the queries), and that agreement per strength; ties go to the one
+    nearest 1."""
+    usable = [r for r in readings if r.empty is not None]
     if not usable:
         return 1.0, {}
     curve = {}
     for alpha in alphas:
         taus = []
         for r in usable:
-            perm = halves_swapped(len(r.real))
-            given = implied_order(r.real, r.empty, alpha, form, first_only)
-            swapped = [perm[j] for j in implied_order(r.swapped, r.empty, alpha, form, first_only)]
-            taus.append(kendall_tau(given, swapped))
+            orders = reading_orders(len(r.empty))
+            by_passage = [[perm[j] for j in implied_order(x, r.empty, alpha, form, first_only)]
+                          for perm, x in zip(orders, r.slots)]
+            taus += [kendall_tau(u, v) for u, v in combinations(by_passage, 2)]
         curve[float(alpha)] = math.fsum(taus) / len(taus)
     best = max(curve.values())
     return min((a for a, t in curve.items() if t >= best - 1e-12), key=lambda a: (abs(a - 1.0), a)), curve

@@ -3,10 +3,9 @@
 :func:`rank_window` decodes a window step by step: at each step the allowed identifiers' probabilities
 are read for the real prompt (and, calibrated, for the empty prompt: every passage a placeholder), the
 calibrated scores pick the next place, and the prefix grows by it. The rules it applies each live in
-their own module: whether to calibrate at all (:mod:`.content_check`, which pools the window's first step
-read a second time with its halves swapped, or the older per-list guard of
-:func:`~.calibration.content_agreement`), how deep to decode (:mod:`.depth`) and what a deadline leaves
-(:mod:`.deadline`). Where the endpoint cannot continue a prefix, ``vanilla`` is the model's own answer
+their own module: the older per-list guard (:func:`~.calibration.content_agreement`; the content check
+itself decides before any window is decoded, on the first-step readings of :func:`check_readings`), how
+deep to decode (:mod:`.depth`) and what a deadline leaves (:mod:`.deadline`). Where the endpoint cannot continue a prefix, ``vanilla`` is the model's own answer
 parsed (:func:`generated_window`). ``decoding="release"`` builds the prefixes and the identifiers as the
 CapCal authors' code does (:func:`_prefix_spellings`, :func:`_label_spellings`).
 """
@@ -19,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
-from .content_check import check_of
-from .contrast import Reading, halves_swapped
+from .contrast import Reading, reading_orders
 from .deadline import DeadlinePassed
 from .depth import below_depth
 from .labels import LabelScores, label_logprobs
@@ -32,7 +30,7 @@ from .protocol import EndpointState, Flow, Token, generate, text_messages, token
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Step
 
-__all__ = ["Window", "rank_window", "generated_window", "SEPARATOR"]
+__all__ = ["Window", "rank_window", "generated_window", "check_readings", "SEPARATOR"]
 
 #: What follows each chosen identifier in the assistant's ranking: ``[3] > [5] > [``.
 SEPARATOR = " >"
@@ -103,33 +101,44 @@ class Window:
     notes: tuple[str, ...] = ()
     decoded: int | None = None  # leading places decided (None: all); below: .depth's order, or the deadline's
     partial: bool = False  # the deadline passed: places from `decoded` on are as given
-    checked: bool = False  # read a second time, halves swapped, for the content check (one more prompt)
 
 
-def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool,
-                 depth: int | None = None) -> Flow[Window]:
-    n = len(texts)
-    ids = labels(n, opts.labels)
-    real = render_prompt(opts.template, query, texts, ids)
-    empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
-    check = check_of(state, opts) if empty else None  # the content check (guard="content")
-    verdict = check.verdict(first_only) if check else None  # final once decided
-    if verdict is not None and not verdict.reads:
-        return Window(list(range(n)), [0.0] * n, [], None, 0, guarded=True, notes=(verdict.note,))
-    per_list = bool(empty) and opts.guard not in (None, "content") and n >= 4  # the older per-list guard
-    pool = bool(check) and not verdict and n >= 4  # a list that helps decide
-    half = n // 2  # the second reading: rotated by half (per-list guard), or halves swapped (content check)
-    second = texts[half:] + texts[:half] if per_list else [texts[i] for i in halves_swapped(n)] if pool else None
-    rotated = render_prompt(opts.template, query, second, ids) if second else None
-    notes = [verdict.note] if verdict else []
-    way = route(state.caps, opts.prompt)
-    if way == "generation" and not first_only:
-        return (yield from generated_window(state, real, ids, depth))
+def _learn_label_tokens(state: EndpointState, opts: Options, way: str, ids: Sequence[str]) -> Flow[None]:
+    """The served model's tokens of every spelling the prefixes and identifiers are built from (once)."""
     spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if way == "prefix" else []
     if spellings:
         text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
         for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
             state.label_tokens[spelling] = tuple(tokens)
+
+
+def check_readings(state: EndpointState, opts: Options, query: str, texts: list[str]) -> Flow[Reading]:
+    """The content check's readings of one list (:mod:`.contrast`): the first step's label log-probabilities in
+    the four orders of :func:`~.contrast.reading_orders`, and the empty prompt's, in one round of requests."""
+    n = len(texts)
+    ids = labels(n, opts.labels)
+    way = route(state.caps, opts.prompt)
+    yield from _learn_label_tokens(state, opts, way, ids)
+    streams = [render_prompt(opts.template, query, [texts[i] for i in order], ids) for order in reading_orders(n)]
+    streams.append(render_prompt(opts.template, query, [opts.placeholder] * n, ids))
+    scored = yield from _label_scores(state, opts, way, streams, ids, [])
+    return Reading(tuple(tuple(x.logprobs) for x in scored[:4]), tuple(scored[4].logprobs))
+
+
+def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool,
+                 depth: int | None = None) -> Flow[Window]:
+    """Decode one window. ``opts.alpha`` is resolved by the caller (``"auto"``: 1, where no decision gave one)."""
+    n = len(texts)
+    ids = labels(n, opts.labels)
+    real = render_prompt(opts.template, query, texts, ids)
+    empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
+    per_list = bool(empty) and opts.guard not in (None, "content") and n >= 4  # the older per-list guard
+    half = n // 2  # its second reading: the list rotated by half
+    rotated = render_prompt(opts.template, query, texts[half:] + texts[:half], ids) if per_list else None
+    way = route(state.caps, opts.prompt)
+    if way == "generation" and not first_only:
+        return (yield from generated_window(state, real, ids, depth))
+    yield from _learn_label_tokens(state, opts, way, ids)
     remaining, chosen_labels = list(range(n)), []
     order, confidence, steps, prior, bounds, agreement = [], [0.0] * n, [], None, 0, None
     while len(remaining) > 1 and (depth is None or len(order) < depth):
@@ -137,12 +146,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
         try:
             scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
         except DeadlinePassed:  # what is decided so far (.deadline)
-            return Window(order + remaining, confidence, steps, prior, bounds, agreement, notes=tuple(notes),
-                           decoded=len(order), partial=True, checked=pool and bool(steps))
-        if pool and not steps:  # pool this list's two readings; provisional until enough lists
-            verdict = check.add(Reading(scored[0].logprobs, scored[2].logprobs, scored[1].logprobs), opts.calibration,
-                                first_only)
-            notes.append(verdict.note)
+            return Window(order + remaining, confidence, steps, prior, bounds, agreement, decoded=len(order), partial=True)
         # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
         shares_of = [normalise_logprobs(x.logprobs) for x in scored]
         calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
@@ -150,8 +154,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
         q = calibrate_on[1] if empty else None
         alpha, s = 0.0, p
         if q is not None:
-            alpha = (adaptive_alpha(shares_p) if opts.alpha == "adaptive" else float(opts.alpha) if opts.alpha != "auto"
-                     else verdict.alpha if verdict and verdict.alpha is not None else 1.0)
+            alpha = adaptive_alpha(shares_p) if opts.alpha == "adaptive" else 1.0 if opts.alpha == "auto" else float(opts.alpha)
             s = calibrated(p, q, alpha, opts.calibration)
             prior = prior or tuple(shares_of[1])
         bounds += sum(x.upper_bounds for x in scored)
@@ -164,12 +167,8 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
             agreement = content_agreement(shares_p, shares_of[2], prior, half)
             if agreement < opts.guard:
                 return Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
-        if verdict and not verdict.reads:
-            return Window(list(range(n)), [0.0] * n, steps, prior, bounds, guarded=True, notes=tuple(notes),
-                           checked=pool)
         if first_only:
-            return Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement, notes=tuple(notes),
-                           checked=pool)
+            return Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement)
         confidence[remaining[best]] = share[best]
         order.append(remaining[best])
         below = below_depth(remaining, s, remaining[best])  # the order below the depth, if decoding stops here
@@ -177,7 +176,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     if len(remaining) == 1:
         confidence[remaining[0]] = 1.0
     order += below if len(remaining) > 1 else remaining
-    return Window(order, confidence, steps, prior, bounds, agreement, notes=tuple(notes), checked=pool and bool(steps))
+    return Window(order, confidence, steps, prior, bounds, agreement)
 
 
 def generated_window(state: EndpointState, messages: Any, ids: Sequence[str], depth: int | None = None

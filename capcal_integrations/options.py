@@ -138,23 +138,26 @@ class Options:
     method: str = _option("auto", "Ranking method: auto (capcal where the endpoint can continue an assistant prefix, "
                           "else first-token-capcal) | capcal | vanilla | first-token | first-token-capcal | psc.",
                           choices=METHODS)
-    alpha: float | str = _option("auto", "'auto' (chosen label-free on the lists that decide the content check: the "
-                                 "strength whose calibrated rankings of a list and of the list with its halves swapped "
-                                 "agree most; 1 without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) "
-                                 "or a fixed calibration strength >= 0.", _alpha)
+    alpha: float | str = _option("auto", "'auto' (chosen label-free on the queries that decide the content check: the "
+                                 "strength whose calibrated rankings of one list read in four orders agree most; 1 "
+                                 "without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
+                                 "calibration strength >= 0.", _alpha)
     guard: float | str | None = _option(
-        "content", "Whether the calibrated methods calibrate at all. 'content': decided once per model, prompt and "
-        "placeholder on the first check_lists lists (8; each read a second time with its halves swapped: one more prompt per "
-        "deciding list; a slot-paired contrast, blind to slot effects); a model that shows no content signal keeps "
-        "every list's given order. A number: the older per-list check (one more prompt per window; the window keeps "
-        "its given order when its calibrated scores, read as given and rotated by half, agree less than this Kendall "
-        "tau z-score; fooled by slot effects). None: always calibrate.", _guard)
-    check_lists: int = _option(8, "Lists the content check pools before it decides (guard='content'): more lists, "
-                               "a decision that depends less on which lists come first, at one more prompt each.", _int)
+        "content", "Whether the calibrated methods calibrate at all. 'content': decided once per model and reading "
+        "options over the queries ranked (each query's top window read at the first step in four orders, off the request "
+        "path; a sequential test, blind to slot effects, says 'reads' or 'does not read' as soon as the evidence is strong, "
+        "at most check_lists queries); until it decides, and for a model that does not read, every list keeps its given "
+        "order. A number: the older per-list check (one more prompt per window; fooled by slot effects). None: always "
+        "calibrate.", _guard)
+    check_lists: int = _option(40, "The most queries the content check reads (guard='content'); a check still undecided "
+                               "then says 'does not read (undecided)'.", _int)
+    check_wait: bool = _option(False, "Take the content check's readings inside the ranking (the list waits for them, "
+                               "and is ranked by the decision if it decides) instead of in the background: for batch jobs "
+                               "that want every list ranked by a decision taken in input order.", _bool)
     decision: str | None = _option(None, "A saved content-check decision (the JSON of "
                                    "reranker.content_decision().to_json(), or a file holding it), so that a new process "
-                                   "ranks without deciding again; used where model, prompt and placeholder match.",
-                                   _optional_str)
+                                   "ranks without deciding again; used where the model, its weights and the reading "
+                                   "options match (else a warning, and decided afresh).", _optional_str)
     calibration: str = _option("additive", "'additive' (the paper's p - alpha (q - 1/|C|)) or 'log' "
                                "(log p - alpha log q).", choices=FORMS)
     normalise: bool = _option(True, "Renormalise p and q over the identifiers still allowed before calibrating "
@@ -250,9 +253,11 @@ class Options:
         for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):
             if not _whole(getattr(self, name)):
                 raise InputError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if not (_whole(self.check_lists) and self.check_lists >= 2):
-            raise InputError(f"check_lists must be an integer >= 2 (lists pooled by the content check), got "
+        if not (_whole(self.check_lists) and self.check_lists >= 1):
+            raise InputError(f"check_lists must be an integer >= 1 (the most queries the content check reads), got "
                              f"{self.check_lists!r}")
+        if not isinstance(self.check_wait, bool):
+            raise InputError(f"check_wait must be True or False, got {self.check_wait!r}")
         if self.depth is not None and not (_whole(self.depth) and self.depth >= 1):
             raise InputError(f"depth must be an integer >= 1 (places to decode), or None for all, got {self.depth!r}")
         if self.deadline is not None and not (_finite(self.deadline) and self.deadline > 0):

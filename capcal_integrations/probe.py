@@ -12,6 +12,8 @@ treated as missing). A malformed model listing is a :class:`~.errors.ResponseErr
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -125,9 +127,33 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
         transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
         tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport) or text_lists,
         logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
-        slots=_count(props.get("total_slots")) or 0, text_completions=text, chat=chat.answers)
+        slots=_count(props.get("total_slots")) or 0, text_completions=text, chat=chat.answers,
+        weights=fingerprint(props, mine))
     log.info("probed endpoint: %s", caps)
     return caps
+
+
+def fingerprint(props: Mapping[str, Any], listed: list[Mapping[str, Any]]) -> str:
+    """A digest of what the server reports about its weights, beyond the served name: llama.cpp's model path
+    and its ``/v1/models`` metadata (size, parameters, vocabulary, training context), vLLM's ``root`` and
+    ``max_model_len``. Two servers of different weights under one name differ here; ``""`` when the server
+    reports nothing (hosted APIs: the name is all there is).
+
+    >>> fingerprint({"model_path": "/m/0.5b.gguf"}, [{"meta": {"size": 491}}]) != fingerprint({"model_path": "/m/1.5b.gguf"}, [])
+    True
+    >>> fingerprint({}, [{"id": "x"}])
+    ''
+    """
+    facts = {"model_path": props.get("model_path")}
+    entry = listed[0] if listed else {}
+    meta = entry.get("meta")
+    if isinstance(meta, Mapping):
+        facts.update({f"meta.{k}": meta.get(k) for k in ("size", "n_params", "n_vocab", "n_ctx_train", "n_embd")})
+    facts.update({k: entry.get(k) for k in ("root", "max_model_len", "parent")})
+    known = {k: v for k, v in facts.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool) and v != ""}
+    if not known:
+        return ""
+    return "sha256:" + hashlib.sha256(json.dumps(known, sort_keys=True).encode()).hexdigest()[:16]
 
 
 #: How identifier probabilities are read (:func:`route`): after any assistant prefix in the server's chat

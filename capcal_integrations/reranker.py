@@ -5,7 +5,10 @@ this module only holds configuration and that state."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import os
+import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,17 +18,22 @@ from typing import Any
 import openai
 
 from .client import Clients
-from .content_check import ContentDecision, decision_of
+from .content_check import ContentDecision, Pending, decision_of
 from .drivers import run_async, run_sync, together
 from .errors import InputError
 from .options import Options, option_docs
 from .probe import capabilities
 from .protocol import EndpointState
+from .redaction import redact
 from .routing import for_list
 from .strategies import rerank_flow
 from .types import Capabilities, Ranking, Usage
 
 __all__ = ["CapCalReranker"]
+
+log = logging.getLogger("capcal_integrations")
+_closing = threading.Event()  # set at interpreter exit: background readings not started are dropped
+atexit.register(_closing.set)
 
 
 class CapCalReranker:
@@ -56,6 +64,7 @@ class CapCalReranker:
                                 async_http_client=async_http_client, client=client, async_client=async_client)
         self._state = EndpointState(model or os.environ.get("CAPCAL_MODEL"))
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ configuration
 
@@ -120,6 +129,7 @@ class CapCalReranker:
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
         permutation of ``range(len(passages))``."""
         state = self._state.for_ranking(self.options.routed)
+        object.__setattr__(state, "background", self._read_in_thread)  # this view's own (not the endpoint's)
         route = for_list(self.options.routing_header, state)  # a new key per list: see .routing
         return _with_usage(*run_sync(rerank_flow(state, self.options, query, passages), self.client, route,
                                      self.options.deadline))
@@ -130,9 +140,52 @@ class CapCalReranker:
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
         state = self._state.for_ranking(self.options.routed)
+        object.__setattr__(state, "background", self._read_in_task)  # this view's own (not the endpoint's)
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state),
                                             self.options.deadline))
+
+    # ------------------------------------------------------------------ the content check's readings
+
+    def _read_in_thread(self, pending: Pending) -> None:
+        """Take a content-check reading off the request path: in a daemon thread, over the sync client."""
+        if _closing.is_set():
+            pending.done()
+            return
+
+        def work() -> None:
+            try:
+                view = self._state.for_ranking(self.options.routed)
+                reading, _ = run_sync(pending.flow(view), self.client, for_list(self.options.routing_header, view))
+                pending.deliver(reading)
+            except Exception as err:  # noqa: BLE001 - a reading is best effort: the check reads a later list
+                _reading_failed(err)
+            finally:
+                pending.done()
+
+        threading.Thread(target=work, name="capcal-content-check", daemon=True).start()
+
+    def _read_in_task(self, pending: Pending) -> None:
+        """Take a content-check reading off the request path: a task on the running event loop (cancelled with
+        it), its decision computed in a worker thread."""
+        if _closing.is_set():
+            pending.done()
+            return
+
+        async def work() -> None:
+            try:
+                view = self._state.for_ranking(self.options.routed)
+                reading, _ = await run_async(pending.flow(view), self.async_client, self._limit(),
+                                             for_list(self.options.routing_header, view))
+                await asyncio.to_thread(pending.deliver, reading)
+            except Exception as err:  # noqa: BLE001 - as in _read_in_thread
+                _reading_failed(err)
+            finally:
+                pending.done()
+
+        task = asyncio.get_running_loop().create_task(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def rerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *, concurrency: int | None = None) -> list[Ranking]:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync
@@ -168,6 +221,11 @@ class CapCalReranker:
         o = self.options
         prompts = (2 if o.calibrated else 1) * (o.m if o.method == "psc" else 1)
         return max(1, caps.slots // prompts)
+
+
+def _reading_failed(err: BaseException) -> None:
+    log.warning("capcal: a content-check reading failed (%s: %s); the check reads a later list instead",
+                type(err).__name__, redact(str(err))[:300])
 
 
 def _with_usage(ranking: Ranking, usage: Usage) -> Ranking:

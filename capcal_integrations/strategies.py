@@ -16,11 +16,12 @@ the first-token methods read the first identifier of the model's own answer (:mo
 ``vanilla`` is the model's answer parsed (identifiers it left out appended in their given order) and
 ``psc`` aggregates ``m`` such answers; ``capcal`` needs the prefix.
 
-Lists longer than ``window`` are ranked by a back-to-front sliding window (:func:`~.orders.windows`); each
-window is decoded by :func:`~.decoding.rank_window`, which applies the rules of their own modules: the
-content check (:mod:`.content_check`: does the model read? decided once per model, prompt and placeholder
-from the first lists; one that does not keeps every list's given order), the depth (:mod:`.depth`) and
-the deadline (:mod:`.deadline`).
+Before a calibrated method decodes anything, the content check (:mod:`.content_check`: does the model
+read? decided once per model and reading options over the queries) says whether to: while it decides,
+and for a model that does not read, the list keeps its given order (:func:`_checked`). Lists longer than
+``window`` are ranked by a back-to-front sliding window (:func:`~.orders.windows`); each window is
+decoded by :func:`~.decoding.rank_window`, which applies the rules of their own modules: the depth
+(:mod:`.depth`) and the deadline (:mod:`.deadline`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .deadline import DeadlinePassed, deadline_note, finish, partial_order, within
-from .decoding import rank_window
+from .content_check import Pending, check_of
+from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths
 from .errors import CapabilityError, InputError
 from .fitting import cleaned, fit
@@ -84,6 +86,10 @@ def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document
     query = cleaned(opts, query)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
     texts, notes = yield from fit(state, opts, query, docs)
     if opts.method != "psc":
+        opts, kept, check_notes = yield from _checked(state, opts, query, texts)
+        if kept is not None:
+            return dataclasses.replace(kept, notes=(*notes, *kept.notes))
+        notes = [*check_notes, *notes]
         ranking = yield from _sliding(state, opts, query, texts)
         how = "their given order" if route(caps, opts.prompt) == "generation" else "the last decoded step's scores"
         return dataclasses.replace(ranking, notes=(*notes, *ranking.notes, *_cut_note(ranking, opts, how)))
@@ -102,6 +108,39 @@ def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document
                       notes=tuple(notes), decoded=decoded, partial=partial)
     how = "their Borda points over the shuffles' decoded places"
     return dataclasses.replace(ranking, notes=(*ranking.notes, *_cut_note(ranking, opts, how)))
+
+
+def _checked(state: EndpointState, opts: Options, query: str,
+             texts: list[str]) -> Flow[tuple[Options, Ranking | None, tuple[str, ...]]]:
+    """What the content check says for this list: the options to decode it with (``alpha="auto"`` resolved),
+    or the list in its given order (while the check decides, or when the model does not read). A list read
+    for the check is handed to ``state.background`` (the reranker's runner), or read here with
+    ``check_wait`` (or where no runner is set), when the check wants it (:meth:`~.content_check.ContentCheck.want`)."""
+    check = check_of(state, opts)
+    first_only = opts.method.startswith("first-token")
+    if check is None:
+        return opts, None, ()
+    top = texts[:opts.window]
+    checked: tuple[int, ...] = ()
+    runner = None if opts.check_wait else getattr(state, "background", None)
+    if check.verdict() is None and check.want(query, top, exclusive=runner is not None):
+        pending = Pending(check, lambda view: check_readings(view, opts, query, top), opts.calibration)
+        if runner is not None:
+            runner(pending)
+        else:
+            try:
+                pending.deliver((yield from pending.flow(state)))
+                checked = (0,)
+            finally:
+                pending.done()
+    verdict = check.verdict(first_only)
+    if verdict is not None and verdict.reads:
+        resolved = opts.replace(alpha=verdict.alpha) if opts.alpha == "auto" else opts
+        return resolved, None, (verdict.note,)
+    n = len(texts)
+    note = verdict.note if verdict is not None else check.pending_note(len(top))
+    return opts, Ranking(tuple(range(n)), rank_scores(list(range(n)), [0.0] * n), "given-order", notes=(note,),
+                         guarded=(0,), checked=checked, kept_given_order=True), ()
 
 
 def _cut_note(ranking: Ranking, opts: Options, how: str) -> tuple[str, ...]:
@@ -182,7 +221,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     first_only = opts.method.startswith("first-token")
     order, confidence = list(range(n)), [0.0] * n
     steps: list[Step] = []
-    prior, bounds, agreement, guarded, checked, notes = None, 0, [], [], [], []
+    prior, bounds, agreement, guarded, notes = None, 0, [], [], []
     depths = window_depths(n, opts.window, opts.stride, None if first_only else opts.depth)  # see .depth
     decoded, partial = None if first_only else decoded_places(n, opts.depth), False
     for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
@@ -193,9 +232,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             agreement.append(result.agreement)
         if result.guarded:
             guarded.append(w)
-        if result.checked:
-            checked.append(w)
-        if result.guarded and result.agreement is not None:  # the per-list guard (the content check notes its own)
+        if result.guarded and result.agreement is not None:  # the per-list guard
             notes.append(f"window {w} kept in its given order: the calibrated first-step scores of the given and "
                          f"the rotated list agree at z = {result.agreement:.2f} < guard {opts.guard} (no content signal)")
             log.info("capcal: %s", notes[-1])
@@ -228,5 +265,4 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             by_input[i] = v
         scores = tuple(by_input)
     return Ranking(tuple(order), scores, opts.method, prior, tuple(steps), upper_bounds=bounds, notes=tuple(notes),
-                   agreement=tuple(agreement), guarded=tuple(guarded), decoded=decoded, partial=partial,
-                   checked=tuple(checked))
+                   agreement=tuple(agreement), guarded=tuple(guarded), decoded=decoded, partial=partial)

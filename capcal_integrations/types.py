@@ -117,8 +117,12 @@ class Ranking:
     and say so in :meth:`details` and a note. ``None``: every place was decided.
     ``partial``: the deadline (``Options.deadline``) passed first; the places after ``decoded`` are in
     first-stage order (:mod:`.deadline`).
-    ``checked``: the windows read a second time at their first step, halves swapped, for the content check
-    while it was deciding (``guard="content"``, :mod:`.content_check`): one more prompt each.
+    ``checked``: the windows read for the content check inside this ranking (``check_wait=True``: its top
+    window read at the first step in four orders, :mod:`.content_check`); readings taken in the background
+    are not counted here.
+    ``kept_given_order``: the whole list is in its given order because a rule kept it (the content check
+    deciding, or decided that the model does not read the passages): nothing was decoded, ``method`` is
+    ``"given-order"`` and a note says why.
     """
 
     order: tuple[int, ...]
@@ -134,6 +138,7 @@ class Ranking:
     decoded: int | None = None
     partial: bool = False
     checked: tuple[int, ...] = ()
+    kept_given_order: bool = False
 
     def top(self, k: int | None = None) -> tuple[int, ...]:
         """The first ``k`` input indices of :attr:`order` (all when ``k`` is None; ``k`` >= 0).
@@ -159,13 +164,15 @@ class Ranking:
          'decoded': True, 'partial': False, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
         """
         last = {i: (step, j) for step in self.steps for j, i in enumerate(step.candidates)}
-        kept = {i for step in self.steps if step.window in self.guarded for i in step.candidates}
+        kept = set(range(len(self.order))) if self.kept_given_order else {
+            i for step in self.steps if step.window in self.guarded for i in step.candidates}
         rank = {i: r for r, i in enumerate(self.order)}
         out = []
         for i in range(len(self.order)):
             d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": self.method,
                                  "upper_bounds": self.upper_bounds, "kept_given_order": i in kept,
-                                 "decoded": self.decoded is None or rank[i] < self.decoded, "partial": self.partial}
+                                 "decoded": i not in kept and (self.decoded is None or rank[i] < self.decoded),
+                                 "partial": self.partial}
             if i in last:
                 step, j = last[i]
                 d.update(p=round(step.p[j], 4), q=None if step.q is None else round(step.q[j], 4),
@@ -203,3 +210,4 @@ class Capabilities:
     slots: int = 0  # llama.cpp server slots (prompts are pinned to one each)
     text_completions: int = 0
     chat: bool = False
+    weights: str = ""  # a fingerprint of the served weights, from what the server reports (see .probe)
