@@ -7,17 +7,20 @@ Side by side on the same server and the same DL19 BM25 top-20 lists, three ways 
 - ``vanilla``;
 - ``decided, reads``: what the default costs per list once it has decided that the model reads: the real and
   the empty prompt only (``guard=None`` runs exactly that decoding, at ``alpha`` 1);
-- ``deciding``: a list ranked while the check decides (a fresh reranker per list, so the check is always
-  pending): the real and the empty prompt, and the list read once more, halves swapped, at its first step.
+- ``deciding``: what one query's readings for the check cost (a fresh reranker per list with
+  ``check_wait=True``, so the readings are taken inside the ranking and counted in its usage; the list itself
+  keeps its given order): its top window's first step in four orders and the empty prompt's. By default these
+  readings are taken off the request path, so no user waits for them; this measures the server's work.
 
 Every ranking gets a fresh reranker, probed before it ranks (so the probe is outside its usage, and the
-``deciding`` list is always a check's first list, ranked calibrated). The methods take turns going first
+``deciding`` list is always a check's first query). The methods take turns going first
 on each list (rotated), so that each pays the cold prefill of the list on
 some lists and finds it in llama.cpp's prompt cache on others. ``prompt tokens`` is what the server reports
 (cached included, independent of the order); ``cold uncached`` is the mean of the server's uncached prompt
-tokens over the lists where the method went first. The one-off cost of a decision is ``LISTS`` deciding lists'
-extra over ``decided, reads``. (Once decided that a model does *not* read, a list costs nothing: it keeps its
-given order.) Writes benchmarks/results/content-cost.json and .md.
+tokens over the lists where the method went first. The one-off cost of a decision is the deciding queries'
+readings: about 10 queries for a model that reads, 17 to the cap of 40 for one that does not
+(``benchmarks/results/decisions.md``). (Once decided that a model does *not* read, a list costs nothing: it
+keeps its given order.) Writes benchmarks/results/content-cost.json and .md.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import sys
 import time
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.content_check import LISTS
 from capcal_integrations.options import Options
 from capcal_integrations.testbed.measure import bench_lists
 
@@ -43,7 +45,7 @@ def _reranker(way: str, url: str, options: dict) -> CapCalReranker:
         return CapCalReranker(base_url=url, timeout=600, method="vanilla", **options)
     if way == "decided, reads":
         return CapCalReranker(base_url=url, timeout=600, method="capcal", guard=None, alpha=1.0, **options)
-    return CapCalReranker(base_url=url, timeout=600, **options)  # the default, fresh: its check is pending
+    return CapCalReranker(base_url=url, timeout=600, check_wait=True, **options)  # fresh: its check reads this list
 
 
 def main() -> int:
@@ -82,10 +84,10 @@ def main() -> int:
         req, tok, cold = mean(way, "requests"), mean(way, "prompt_tokens"), mean(way, "uncached", True)
         rows.append(f"| {way} | {req:.1f} | {req / base_req:.2f} | {tok:,.0f} | {tok / base_tokens:.2f} | "
                     f"{cold:,.0f} | {cold / base_cold:.2f} |")
-    extra = {f: mean("deciding", f) - mean("decided, reads", f) for f in ("requests", "prompt_tokens")}
-    extra_cold = mean("deciding", "uncached", True) - mean("decided, reads", "uncached", True)
+    extra = {f: mean("deciding", f) for f in ("requests", "prompt_tokens")}
+    extra_cold = mean("deciding", "uncached", True)
     result = {"base_url": args.base_url, "lists": len(lists), "options": {k: str(v) for k, v in options.items()},
-              "runs": runs, "decision_extra_per_list": {**extra, "cold_uncached": extra_cold}, "decision_lists": LISTS}
+              "runs": runs, "readings_per_query": {**extra, "cold_uncached": extra_cold}}
     out = pathlib.Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     model = _reranker("vanilla", args.base_url, options).capabilities().model
@@ -93,10 +95,10 @@ def main() -> int:
         f"# What a list costs once the content check has decided ({model} at {args.base_url})", "",
         f"{len(lists)} DL19 BM25 top-20 lists, the three ways taking turns going first (see "
         f"`benchmarks/content_cost.py`); options {options or 'the defaults'}.", "", *rows, "",
-        f"The one-off cost of a decision ({LISTS} deciding lists, each against a decided one): "
-        f"{LISTS * extra['requests']:.0f} requests and {LISTS * extra['prompt_tokens']:,.0f} prompt tokens "
-        f"({LISTS * extra_cold:,.0f} uncached, from the cold lists) in all. A model decided not to read costs "
-        "nothing per list after that (its lists keep their given order).", ""]))
+        f"One deciding query's readings: {extra['requests']:.0f} requests and {extra['prompt_tokens']:,.0f} prompt tokens "
+        f"({extra_cold:,.0f} uncached on a cold list), off the request path by default. A decision takes about 10 "
+        "queries for a model that reads, 17 up to the cap of 40 for one that does not (benchmarks/results/decisions.md). "
+        "A model decided not to read costs nothing per list after that (its lists keep their given order).", ""]))
     print(out.with_suffix(".md").read_text())
     return 0
 

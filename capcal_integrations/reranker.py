@@ -65,6 +65,10 @@ class CapCalReranker:
         self._state = EndpointState(model or os.environ.get("CAPCAL_MODEL"))
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._tasks: set[asyncio.Task] = set()
+        # the content check's readings run in a thread over the sync client, which outlives any event loop
+        # (asyncio.run per query would cancel a task); only a transport given for async alone keeps them on the loop
+        self._readings_in_thread = (client is not None or http_client is not None
+                                    or (async_client is None and async_http_client is None))
 
     # ------------------------------------------------------------------ configuration
 
@@ -140,7 +144,8 @@ class CapCalReranker:
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
         state = self._state.for_ranking(self.options.routed)
-        object.__setattr__(state, "background", self._read_in_task)  # this view's own (not the endpoint's)
+        runner = self._read_in_thread if self._readings_in_thread else self._read_in_task
+        object.__setattr__(state, "background", runner)  # this view's own (not the endpoint's)
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state),
                                             self.options.deadline))
@@ -167,7 +172,7 @@ class CapCalReranker:
 
     def _read_in_task(self, pending: Pending) -> None:
         """Take a content-check reading off the request path: a task on the running event loop (cancelled with
-        it), its decision computed in a worker thread."""
+        it: the reading is dropped), its decision computed in a worker thread. For async-only transports."""
         if _closing.is_set():
             pending.done()
             return

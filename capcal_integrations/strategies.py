@@ -140,7 +140,7 @@ def _checked(state: EndpointState, opts: Options, query: str,
     n = len(texts)
     note = verdict.note if verdict is not None else check.pending_note(len(top))
     return opts, Ranking(tuple(range(n)), rank_scores(list(range(n)), [0.0] * n), "given-order", notes=(note,),
-                         guarded=(0,), checked=checked, kept_given_order=True), ()
+                         guarded=(0,), decoded=0, checked=checked, kept_given_order=True), ()
 
 
 def _cut_note(ranking: Ranking, opts: Options, how: str) -> tuple[str, ...]:

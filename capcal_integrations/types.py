@@ -121,8 +121,8 @@ class Ranking:
     window read at the first step in four orders, :mod:`.content_check`); readings taken in the background
     are not counted here.
     ``kept_given_order``: the whole list is in its given order because a rule kept it (the content check
-    deciding, or decided that the model does not read the passages): nothing was decoded, ``method`` is
-    ``"given-order"`` and a note says why.
+    deciding, or decided that the model does not read the passages): nothing was decoded (``decoded`` 0),
+    ``method`` is ``"given-order"`` and a note says why.
     """
 
     order: tuple[int, ...]

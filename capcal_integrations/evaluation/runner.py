@@ -141,7 +141,8 @@ def make_record(job: Job, ranking: Ranking | None, seconds: float, model: str = 
         rec["notes"] = list(ranking.notes)
     if ranking.agreement:
         rec["agreement"] = _r(ranking.agreement, 4)
-    rec.update(guarded=list(ranking.guarded), checked=list(ranking.checked))
+    rec.update(guarded=list(ranking.guarded), checked=list(ranking.checked), kept_given_order=ranking.kept_given_order,
+               ran=ranking.method)
     return rec
 
 
@@ -157,7 +158,8 @@ class Runner:
 
     def _for(self, spec: MethodSpec) -> Any:
         if spec.key not in self._variants:
-            self._variants[spec.key] = self.reranker.with_options(**spec.reranker_options())
+            # an evaluation waits for the content check's readings: every list is ranked in order, reproducibly
+            self._variants[spec.key] = self.reranker.with_options(**{"check_wait": True, **spec.reranker_options()})
         return self._variants[spec.key]
 
     async def _one(self, job: Job) -> dict[str, Any]:

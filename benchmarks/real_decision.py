@@ -1,0 +1,139 @@
+"""The content check on a real model: its decision on a real collection, and how it depends on the query order.
+
+Runs the library's default (``guard="content"``, ``check_wait=True`` so that the readings are taken in
+query order and every list after the decision is ranked by it) over the first ``--queries`` lists of a
+collection (top 20 of BM25), and reads the queries after the decision too (the same four first-step
+readings and the empty prompt's, :func:`capcal_integrations.decoding.check_readings`), so that the
+saved readings let the decision be replayed in ``--orders`` random query orders. Writes
+``benchmarks/results/real-decision-<model>.md`` and ``.json`` (every reading saved, for reanalysis with
+``--readings FILE``)::
+
+    python benchmarks/real_decision.py --model 0.5b --queries 20 --set probability=trie
+    python benchmarks/real_decision.py --readings benchmarks/results/real-decision-0.5b.json   # replay only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from capcal_integrations import CapCalReranker  # noqa: E402
+from capcal_integrations.contrast import CAP, Evidence, Reading, agreement  # noqa: E402
+from capcal_integrations.options import Options  # noqa: E402
+
+
+def replay(readings: list[Reading], orders: int, seed: int = 0) -> dict:
+    """The decision in ``orders`` random query orders of the saved readings (the cap: all of them)."""
+    rng = random.Random(seed)
+    verdicts: dict[str, int] = {}
+    for _ in range(orders):
+        evidence = Evidence(cap=CAP)
+        for r in rng.sample(readings, len(readings)):
+            if evidence.add(agreement(r)) is not None:
+                break
+        verdict = evidence.verdict or f"undecided after all {len(readings)}"
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    return verdicts
+
+
+def ndcg10(grades: list[int], ideal: list[int]) -> float:
+    from capcal_integrations.testbed.measure import ndcg10 as trec
+
+    return trec(grades, ideal)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.drivers import run_sync
+    from capcal_integrations.evaluation.data import load_dataset
+    from capcal_integrations.server.launcher import endpoint
+
+    data = load_dataset(args.data)
+    grades = data.grades()
+    topics = data.topics[:args.queries]
+    options = dict(check_wait=True, **{k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in args.set)})
+    start = time.perf_counter()
+    with endpoint(args.base_url, args.model) as ep:
+        rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, **options)
+        rows = []
+        for k, t in enumerate(topics):
+            texts = [c.text if not c.title else f"Title: {c.title} Content: {c.text}" for c in t.candidates[:20]]
+            judged = grades.get(t.qid, {})
+            g = [judged.get(c.docid, 0) for c in t.candidates[:20]]
+            before = rr.content_decision()
+            t0 = time.perf_counter()
+            ranking = rr.rerank(t.query, texts)
+            seconds = time.perf_counter() - t0
+            check = next(iter(rr._state.content.values()))
+            if before is None and ranking.checked:
+                reading = check.readings[-1]
+            else:  # decided already: read it all the same, for the replay
+                state = rr._state.for_ranking()
+                opts = rr.options.replace(alpha=1.0)
+                reading, _ = run_sync(check_readings(state, opts, t.query, texts), rr.client)
+            rows.append({"qid": t.qid, "query": t.query, "method": ranking.method, "order": list(ranking.order),
+                         "ndcg10": ndcg10([g[i] for i in ranking.order], sorted(judged.values(), reverse=True)),
+                         "bm25": ndcg10(g, sorted(judged.values(), reverse=True)), "seconds": round(seconds, 2),
+                         "score": agreement(reading), "e_after": check.evidence.for_reads,
+                         "reading": {"slots": [list(s) for s in reading.slots], "empty": list(reading.empty or ())}})
+            print(f"{k + 1}/{len(topics)} {ranking.method} score {rows[-1]['score']:.2f} e {check.evidence.for_reads:.3g} "
+                  f"verdict {check.evidence.verdict}", file=sys.stderr, flush=True)
+        decision = rr.content_decision()
+        caps = rr.capabilities()
+    return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights, "options": args.set,
+            "queries": len(rows), "decision": None if decision is None else json.loads(decision.to_json()),
+            "decision_text": str(decision) if decision else "undecided after every query",
+            "seconds": round(time.perf_counter() - start, 1), "rows": rows}
+
+
+def report(result: dict, verdicts: dict, orders: int, command: str) -> str:
+    rows = result["rows"]
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    reads = verdicts.get("reads", 0)
+    return "\n".join([
+        f"# The content check on the real {result['model']} model", "",
+        f"`{command}` ({result['seconds']:.0f} s; {result['queries']} DL19 queries, top 20 of BM25; options "
+        f"{', '.join(result['options']) or 'defaults'}; weights fingerprint `{result['weights']}`).", "",
+        f"**Decision in query order:** {result['decision_text']}", "",
+        f"nDCG@10 of the default over these queries: {mean('ndcg10'):.4f} (BM25 {mean('bm25'):.4f}); the default ranked "
+        f"{sum(r['method'] != 'given-order' for r in rows)} of {len(rows)} lists calibrated.", "",
+        f"**Replayed in {orders} random query orders** (the saved readings): " +
+        ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())) + f" — \"reads\" in {100 * reads / orders:.1f} %.", "",
+        "| qid | query | score | e after | method | nDCG@10 | BM25 |", "|---|---|---:|---:|---|---:|---:|",
+        *(f"| {r['qid']} | {r['query'][:40]} | {r['score']:.2f} | {r['e_after']:.3g} | {r['method']} | {r['ndcg10']:.4f} | "
+          f"{r['bm25']:.4f} |" for r in rows), ""])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "trec-dl19-passage"))
+    ap.add_argument("--base-url", default=None, help="an endpoint; default: the embedded --model, started here")
+    ap.add_argument("--model", default="0.5b")
+    ap.add_argument("--queries", type=int, default=20)
+    ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE")
+    ap.add_argument("--orders", type=int, default=500)
+    ap.add_argument("--readings", help="replay the readings saved in this JSON instead of ranking")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    command = "python benchmarks/real_decision.py " + " ".join(sys.argv[1:])
+    result = json.loads(pathlib.Path(a.readings).read_text()) if a.readings else run(a)
+    readings = [Reading(tuple(tuple(s) for s in r["reading"]["slots"]), tuple(r["reading"]["empty"]) or None)
+                for r in result["rows"]]
+    verdicts = replay(readings, a.orders)
+    result["replay"] = {"orders": a.orders, "verdicts": verdicts}
+    out = pathlib.Path(a.out or HERE / "results" / f"real-decision-{result['model']}")
+    out.with_suffix(".json").write_text(json.dumps(result) + "\n")
+    out.with_suffix(".md").write_text(report(result, verdicts, a.orders, command))
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
