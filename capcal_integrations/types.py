@@ -171,7 +171,7 @@ class Ranking:
         for i in range(len(self.order)):
             d: dict[str, Any] = {"rank": rank[i] + 1, "input_rank": i + 1, "method": self.method,
                                  "upper_bounds": self.upper_bounds, "kept_given_order": i in kept,
-                                 "decoded": i not in kept and (self.decoded is None or rank[i] < self.decoded),
+                                 "decoded": self.decoded is None or rank[i] < self.decoded,
                                  "partial": self.partial}
             if i in last:
                 step, j = last[i]

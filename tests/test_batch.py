@@ -232,18 +232,19 @@ def test_the_content_check_is_decided_once_for_the_whole_run_and_saved_for_the_n
 
     def checked(rows: list[dict]) -> tuple[int, list[str]]:
         notes = [n for r in rows for n in r.get("notes", []) if "content check" in n]
-        return sum("content check pending" in n for n in notes), [n for n in notes if "content check (8 lists" in n]
+        return sum("content check deciding" in n for n in notes), [n for n in notes if "content check (6 queries" in n]
 
-    result = rerank_batch(LISTS, out, endpoints=urls, api_key="none", method="first-token-capcal", progress=False)
+    options = {"method": "first-token-capcal", "check_lists": 6}  # at most 6 queries decide: "undecided" at the cap
+    result = rerank_batch(LISTS, out, endpoints=urls, api_key="none", progress=False, **options)
     assert result.ranked == len(LISTS) and sorted(r["line"] for r in lines(out)) == list(range(len(LISTS)))
     decision = ContentDecision.from_json(decision_path(out).read_text())
     pending, final = checked(lines(out))
-    # the first 8 lists decided it on one worker (the 8th says the decision); every later list, on either
-    # worker, was ranked by that decision
-    assert pending == 7 and len(final) == len(LISTS) - 7
-    assert all(f"p = {decision.p_value:.3g}" in n for n in final), final
+    # the first 6 lists decided it on one worker (each read inside the ranking: a batch waits for the readings;
+    # the last to finish says the decision); every later list, on either worker, was ranked by that decision
+    assert decision.lists == 6 and pending == 5 and len(final) == len(LISTS) - 5
+    assert all(f"e = {decision.e_value:.3g}" in n for n in final), final
     more = [{"query": f"query {k}", "passages": [f"passage {k}.{i}" for i in range(4)]} for k in range(12, 15)]
-    again = rerank_batch(LISTS + more, out, endpoints=urls, api_key="none", method="first-token-capcal", progress=False)
+    again = rerank_batch(LISTS + more, out, endpoints=urls, api_key="none", progress=False, **options)
     assert (again.ranked, again.skipped) == (3, len(LISTS))
     pending, final = checked(lines(out)[len(LISTS):])  # the resumed run decided nothing again: the saved decision
     assert pending == 0 and len(final) == 3 and all("saved" in n for n in final), final

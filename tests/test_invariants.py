@@ -30,7 +30,7 @@ from tests.fake_endpoint import clients, decode, make_handler, tokenize
 
 def reranker(handler=None, **options):
     sync, async_ = clients(handler or make_handler())
-    return CapCalReranker(client=sync, async_client=async_, **options)
+    return CapCalReranker(client=sync, async_client=async_, **{"guard": None, **options})  # not the content check's subject
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -291,7 +291,7 @@ def test_no_two_requests_in_flight_share_a_llamacpp_slot():
     sync, _ = clients(handler)
     async_ = openai.AsyncOpenAI(base_url="http://fake.test/v1", api_key="x", max_retries=0,
                                 http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(slow)))
-    rr = CapCalReranker(client=sync, async_client=async_)
+    rr = CapCalReranker(client=sync, async_client=async_, guard=None)
     items = [(f"query {q}", [f"p{q}{i}" for i in range(5)]) for q in range(5)]
     rankings = asyncio.run(rr.arerank_many(items, concurrency=8))
     assert [sorted(r.order) for r in rankings] == [list(range(5))] * 5

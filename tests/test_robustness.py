@@ -32,7 +32,7 @@ from tests.fake_endpoint import clients, make_handler
 
 def reranker(handler=None, **options):
     sync, async_ = clients(handler or make_handler())
-    return CapCalReranker(client=sync, async_client=async_, **options)
+    return CapCalReranker(client=sync, async_client=async_, **{"guard": None, **options})  # not the content check's subject
 
 
 # --------------------------------------------------------------------------- item 10: bad input
@@ -277,7 +277,7 @@ def _with_transport(transport, handler, **options):
     sync, _ = clients(handler)
     async_ = openai.AsyncOpenAI(base_url="http://fake.test/v1", api_key="x", max_retries=0,
                                 http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(transport)))
-    rr = CapCalReranker(client=sync, async_client=async_, **options)
+    rr = CapCalReranker(client=sync, async_client=async_, **{"guard": None, **options})
     transport.rr = rr
     rr.capabilities()
     transport.armed = True

@@ -30,7 +30,7 @@ HARMLESS = [f"passage {i} and some words about it" for i in range(6)]
 def recorded(handler_options=None, **options):
     calls = []
     sync, async_ = clients(make_handler(calls=calls, **(handler_options or {})))
-    return calls, CapCalReranker(client=sync, async_client=async_, **options)
+    return calls, CapCalReranker(client=sync, async_client=async_, **{"guard": None, **options})  # decoded, not kept
 
 
 def control_tokens(calls) -> list[int]:
