@@ -169,7 +169,8 @@ def test_slot_model_ties_and_preferences():
     a = liking.logits([0, 0], "prompt a", ["x", "y"])
     b = liking.logits([0, 0], "prompt b", ["y", "x"])
     assert a == b[::-1] and a[0] != a[1]  # the same taste for a passage in every prompt
-    assert set(SCENARIOS) == {"no-delta", "delta-0.5b", "delta-1.5b", "last-digit", "ties"}
+    assert set(SCENARIOS) >= {"no-delta", "delta-0.5b", "delta-1.5b", "last-digit", "ties"}
+    assert set(SCENARIOS) >= {"noise-scale-0.5", "noise-scale-1", "heavy-tails", "shared-slots", "scale-1.5b"}
 
 
 def test_the_command_prints_and_writes_rows(tmp_path, capsys):
@@ -242,3 +243,111 @@ def test_routed_prompts_as_token_ids_only_read_the_same():
     plain = simulated_endpoint(data, s=1.0, seed=4).reranker(method="vanilla").rerank(query, passages)
     routed = simulated_endpoint(data, s=1.0, seed=4).reranker(method="vanilla", routed=True).rerank(query, passages)
     assert routed.order == plain.order and routed.steps[0].p == pytest.approx(plain.steps[0].p)
+
+
+# ---------------------------------------------------------------- issue 22: the shapes of real traffic (model)
+
+
+def _old_logits(model, grades, prompt, passages=()):
+    """The formula before issue 22's parameters (a copy): the defaults must give exactly these logits."""
+    import random
+
+    from capcal_integrations.testbed.model import _digest, _unit, stretch
+
+    n = len(grades) if grades is not None else len(passages)
+    rng = random.Random(_digest(f"{model.seed}|{prompt}"))
+    b = stretch(model.prior, n)
+    if grades is None:
+        return [b[j] + rng.gauss(0.0, model.noise_empty) for j in range(n)]
+    d = stretch(model.delta, n)
+    out = [model.s * grades[j] + b[j] + d[j] + rng.gauss(0.0, model.noise) for j in range(n)]
+    if model.preference:
+        out = [v + model.preference * _unit(f"{model.seed}|passage|{p}") for v, p in zip(out, passages)]
+    return out
+
+
+@pytest.mark.parametrize("name", ["no-delta", "delta-0.5b", "delta-1.5b", "last-digit"])
+def test_the_defaults_give_the_old_logits_exactly(name):
+    model = SCENARIOS[name].replace(s=0.7, seed=11, preference=0.2)
+    grades = [(j * 5) % 4 for j in range(20)]
+    keys = [f"p{j}" for j in range(20)]
+    for key in ("", "some query"):
+        assert model.logits(grades, "prompt a", keys, list_key=key) == _old_logits(model, grades, "prompt a", keys)
+        assert model.logits(None, "empty a", ["x"] * 20, list_key=key) == _old_logits(model, None, "empty a", ["x"] * 20)
+        assert model.logits(grades, "prompt a", keys) == model.logits(grades, "prompt a", keys, list_key=key)
+
+
+def test_shared_slot_effects_follow_the_list_not_the_order():
+    model = SlotModel(s=0.0, noise=0.0, noise_empty=0.0, shared_slots=1.0, seed=3)
+    given = model.logits([3, 0, 1, 2], "given order", ["a", "b", "c", "d"], list_key="query 1")
+    swapped = model.logits([1, 2, 3, 0], "swapped order", ["c", "d", "a", "b"], list_key="query 1")
+    other = model.logits([3, 0, 1, 2], "given order", ["a", "b", "c", "d"], list_key="query 2")
+    assert given == swapped and given != other and len(set(given)) == 4  # the same u(list, slot) in both readings
+    assert model.logits(None, "empty", ["x"] * 4, list_key="query 1") == [0.0] * 4  # real prompts only
+    # with noise, the two readings' residuals share u: their slot-by-slot covariance is about shared_slots ** 2
+    noisy = SlotModel(s=0.0, noise=0.5, shared_slots=1.0, seed=4)
+    pairs = [(noisy.logits([0] * 20, f"a{k}", list_key=f"q{k}"), noisy.logits([0] * 20, f"b{k}", list_key=f"q{k}"))
+             for k in range(200)]
+    cov = sum(x * y for a, b in pairs for x, y in zip(a, b)) / (200 * 20)
+    assert cov == pytest.approx(1.0, abs=0.15)
+
+
+def test_noise_scale_multiplies_a_lists_noise_by_its_factor():
+    import statistics
+
+    model = SlotModel(s=0.0, noise=0.3, noise_empty=0.1, noise_scale=1.0, seed=5)
+    factors = {key: model.list_scale(key) for key in ("q1", "q2", "q3")}
+    assert len(set(factors.values())) == 3 and all(f > 0 for f in factors.values())
+    assert factors["q1"] == model.list_scale("q1") and SlotModel(noise_scale=0.0).list_scale("q1") == 1.0
+    for key, factor in factors.items():
+        real = model.logits([0] * 4000, f"real {key}", list_key=key)
+        empty = model.logits(None, f"empty {key}", ["x"] * 4000, list_key=key)
+        assert statistics.pstdev(real) == pytest.approx(0.3 * factor, rel=0.05)
+        assert statistics.pstdev(empty) == pytest.approx(0.1 * factor, rel=0.05)
+        # exactly the Gaussian draws of the model without a scale, multiplied by the factor
+        plain = model.replace(noise_scale=0.0).logits([0] * 50, f"real {key}", list_key=key)
+        assert model.logits([0] * 50, f"real {key}", list_key=key) == pytest.approx([v * factor for v in plain])
+    spread = statistics.pstdev(math.log(model.list_scale(f"q{k}")) for k in range(2000))
+    assert spread == pytest.approx(1.0, abs=0.05)
+
+
+def test_heavy_tails_keep_the_noise_sd_and_fatten_the_tails():
+    import statistics
+
+    model = SlotModel(s=0.0, noise=0.4, tails=3.0, seed=6)
+    draws = [v for k in range(40) for v in model.logits([0] * 2000, f"prompt {k}")]
+    assert statistics.pstdev(draws) == pytest.approx(0.4, rel=0.1)
+    mad = statistics.median(abs(v) for v in draws)
+    assert mad == pytest.approx(0.4 * math.sqrt(1 / 3) * 0.7649, rel=0.05)  # t3's median |t| 0.7649, scaled to SD 1
+    assert mad < 0.4 * 0.6745  # below the Gaussian's of the same SD: the mass sits in the middle and the tails
+    with pytest.raises(Exception, match="tails"):
+        SlotModel(tails=2.0)
+
+
+def test_the_endpoint_keys_a_lists_prompts_by_its_query():
+    """The real, the swapped and the empty prompt of one list share its key (its query), so its shared slot
+    effects and noise scale; another list has another key."""
+    data = lists(2, 6)
+    endpoint = simulated_endpoint(data, s=0.0, noise=0.0, noise_empty=0.0, prior=[0.0] * 6, shared_slots=1.0, seed=2)
+    first = endpoint.reranker(method="first-token", guard=None)
+    query, passages, _ = data[0]
+    given = first.rerank(query, passages).steps[0].p
+    swapped = first.rerank(query, passages[3:] + passages[:3]).steps[0].p
+    other = first.rerank(data[1][0], data[1][1]).steps[0].p
+    assert given == pytest.approx(swapped) and given != pytest.approx(other)
+    u = endpoint.model.slot_effects(query, 6)
+    assert shares(given) == pytest.approx(softmax(u), abs=2e-3)
+    index = endpoint.server.index
+    assert index.query_of(f"Rank for: {query}. [1] x") == query and index.query_of("nothing") == ""
+
+
+def test_the_new_scenarios_carry_the_fitted_values():
+    from capcal_integrations.testbed.model import slot_effects
+
+    fits = slot_effects()
+    assert SCENARIOS["noise-scale-0.5"].noise_scale == 0.5 and SCENARIOS["noise-scale-1"].noise_scale == 1.0
+    assert SCENARIOS["heavy-tails"].tails == 3.0
+    assert SCENARIOS["shared-slots"].shared_slots == fits["0.5b"]["shared_slots"] > 0.3  # the issue's "sd .35"
+    assert SCENARIOS["shared-slots"].noise == fits["0.5b"]["noise_fresh"]
+    assert SCENARIOS["scale-1.5b"].noise_scale == fits["1.5b"]["noise_scale"] > 0.3
+    assert SCENARIOS["scale-1.5b"].replace(noise_scale=0.0, name="delta-1.5b") == SCENARIOS["delta-1.5b"]

@@ -82,14 +82,17 @@ def judged_lists(data: Any, top: int | None = None) -> list[Judged]:
 def simulated_endpoint(data: Any, *, s: float = 1.0, scenario: str | None = None, prior: Sequence[float] | None = None,
                        delta: Sequence[float] | None = None, preference: float | None = None, noise: float | None = None,
                        noise_empty: float | None = None, tie: int | None = None, seed: int = 0, context: int = 32768,
-                       slots: int = 8, model: SlotModel | None = None) -> SimulatedEndpoint:
+                       slots: int = 8, model: SlotModel | None = None, noise_scale: float | None = None,
+                       tails: float | None = None, shared_slots: float | None = None) -> SimulatedEndpoint:
     """A simulated llama.cpp reranker serving ``data`` (a dataset directory, a ``Dataset``, or
     ``(query, passages, grades)`` triples: see :func:`judged_lists`).
 
     The reranker: content slope ``s`` per relevance grade; the slot prior ``prior`` (``b``, logits per slot)
     and the real-vs-empty mismatch ``delta`` (real prompts only); per-passage ``preference`` (SD, unrelated to
     relevance); Gaussian ``noise`` (real prompt) and ``noise_empty`` (empty prompt) per slot and prompt,
-    seeded by ``seed``; ``tie`` lowest labels tied at a floor. Unset parameters come from ``scenario``
+    seeded by ``seed``; ``tie`` lowest labels tied at a floor; per list (its query), the noise multiplied by
+    ``exp(N(0, noise_scale))``, Student-t noise with ``tails`` degrees of freedom, slot effects of SD
+    ``shared_slots`` shared by every real prompt of the list (:class:`~.model.SlotModel`). Unset parameters come from ``scenario``
     (:data:`~.model.SCENARIOS`, default ``"no-delta"``: the 0.5B model's fitted prior and noise, no
     mismatch) or from a whole ``model``. A passage the server cannot find in ``data`` is an HTTP 400.
     """
@@ -98,7 +101,8 @@ def simulated_endpoint(data: Any, *, s: float = 1.0, scenario: str | None = None
         if model is None:
             raise InputError(f"unknown testbed scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
     changes = {k: v for k, v in (("prior", prior), ("delta", delta), ("preference", preference), ("noise", noise),
-                                 ("noise_empty", noise_empty), ("tie", tie)) if v is not None}
+                                 ("noise_empty", noise_empty), ("tie", tie), ("noise_scale", noise_scale),
+                                 ("tails", tails), ("shared_slots", shared_slots)) if v is not None}
     for k in ("prior", "delta"):
         if k in changes:
             changes[k] = tuple(float(x) for x in changes[k])

@@ -202,15 +202,16 @@ class SimulatedServer:
         ids, texts = found
         empty = len(texts) > 1 and len(set(texts)) == 1
         grades: list[int] = []
+        key = self.index.query_of(head) if self.model.noise_scale or self.model.shared_slots else ""
         if empty:
-            logits = self.model.logits(None, head, texts)
+            logits = self.model.logits(None, head, texts, list_key=key)
         else:
             for j, t in enumerate(texts):
                 g = self.index.grade(t, head)
                 if g is None:
                     raise InputError(f"passage {ids[j]} of the prompt is not in the testbed's data: {t[:80]!r}")
                 grades.append(g)
-            logits = self.model.logits(grades, head, [normalised(t)[:_KEY] for t in texts])
+            logits = self.model.logits(grades, head, [normalised(t)[:_KEY] for t in texts], list_key=key)
         got = Prompt(tuple(ids), tuple(logits), None if empty else tuple(grades))
         with self._lock:
             self._prompts[head] = got

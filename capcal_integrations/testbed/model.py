@@ -2,7 +2,7 @@
 
 For a prompt that lists ``n`` passages, the label logit of slot ``j`` is
 
-* real prompt: ``s * grade(passage) + b(j) + delta(j) + preference(passage) + noise``;
+* real prompt: ``s * grade(passage) + b(j) + delta(j) + preference(passage) + u(list, j) + noise``;
 * empty prompt (every passage the placeholder): ``b(j) + noise``.
 
 ``b`` is the slot prior, ``delta`` the real-vs-empty slot mismatch, ``preference`` a per-passage taste
@@ -11,6 +11,16 @@ is Gaussian, drawn once per (seed, prompt, slot): the same prompt always gets th
 several requests of one decoding step agree, and two methods asking the same prompt compare on the
 same draw), another prompt (another order, another query) gets fresh noise. The labels then follow a
 Plackett-Luce model: at every decoding step, the softmax of these logits over the labels not yet chosen.
+
+Three parameters give the lists of one model different shapes (all off by default; a list is named by
+``list_key``, its query: the real, swapped and empty prompts of one list share it):
+
+* ``noise_scale``: each list's noise (real and empty prompts) is multiplied by ``exp(N(0, noise_scale))``,
+  drawn once per (seed, list), so some lists are louder than others;
+* ``tails``: the noise is Student-t with ``tails`` degrees of freedom (> 2), scaled to the same SD;
+* ``shared_slots``: the SD of list-level slot effects ``u(list, j)``, drawn once per (seed, list, slot) and
+  added to every real prompt of the list, whatever order its passages are in (so two readings of a list
+  share them, as the real 0.5B's do: ``slot_effects.json``'s ``shared_slots``).
 
 ``tie`` labels may be tied at a floor: in each prompt the ``tie`` lowest logits are set to the lowest
 of them, as a server that cuts its top log-probabilities returns one floor value for all the rest.
@@ -29,7 +39,7 @@ import json
 import math
 import pathlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 __all__ = ["SlotModel", "stretch", "SCENARIOS", "scenario", "slot_effects"]
@@ -50,26 +60,65 @@ class SlotModel:
     tie: int = 0  # how many of the lowest labels are tied at one floor value
     seed: int = 0
     name: str = field(default="custom", compare=False)
+    noise_scale: float = 0.0  # SD of the log of a list's noise multiplier (drawn once per list); 0 = none
+    tails: float = 0.0  # degrees of freedom of Student-t noise (> 2, scaled to the same SD); 0 = Gaussian
+    shared_slots: float = 0.0  # SD of the list-level slot effects u(list, slot) of real prompts; 0 = none
 
-    def logits(self, grades: Sequence[float] | None, prompt: str, passages: Sequence[str] = ()) -> list[float]:
+    def __post_init__(self) -> None:
+        if self.noise_scale < 0 or self.shared_slots < 0 or self.tails < 0 or 0 < self.tails <= 2:
+            from ..errors import InputError
+            raise InputError(f"testbed model: noise_scale and shared_slots must be >= 0 and tails 0 or > 2, got "
+                             f"{self.noise_scale}, {self.shared_slots}, {self.tails}")
+
+    def logits(self, grades: Sequence[float] | None, prompt: str, passages: Sequence[str] = (), *,
+               list_key: str = "") -> list[float]:
         """The label logits of one prompt: ``grades`` per slot for a real prompt, ``None`` for the empty one;
-        ``prompt`` identifies the prompt (its noise), ``passages`` (keys of the passages' texts) their preferences."""
+        ``prompt`` identifies the prompt (its noise), ``passages`` (keys of the passages' texts) their preferences,
+        ``list_key`` the list (its query: its noise scale and shared slot effects)."""
         n = len(grades) if grades is not None else len(passages)
         rng = random.Random(_digest(f"{self.seed}|{prompt}"))
         b = stretch(self.prior, n)
+        scale = self.list_scale(list_key)
+        draw = rng.gauss if not self.tails else self._t(rng)
         if grades is None:
-            out = [b[j] + rng.gauss(0.0, self.noise_empty) for j in range(n)]
+            sd = self.noise_empty * scale
+            out = [b[j] + draw(0.0, sd) for j in range(n)]
         else:
             d = stretch(self.delta, n)
-            out = [self.s * grades[j] + b[j] + d[j] + rng.gauss(0.0, self.noise) for j in range(n)]
+            sd = self.noise * scale
+            out = [self.s * grades[j] + b[j] + d[j] + draw(0.0, sd) for j in range(n)]
             if self.preference:
                 out = [v + self.preference * _unit(f"{self.seed}|passage|{p}") for v, p in zip(out, passages)]
+            if self.shared_slots:
+                u = self.slot_effects(list_key, n)
+                out = [v + e for v, e in zip(out, u)]
         if self.tie > 1:
             low = sorted(range(n), key=lambda j: out[j])[:min(self.tie, n)]
             floor = min(out[j] for j in low)
             for j in low:
                 out[j] = floor
         return out
+
+    def list_scale(self, list_key: str = "") -> float:
+        """The multiplier of the list's noise SD: ``exp(N(0, noise_scale))``, fixed by the seed and the list."""
+        return math.exp(self.noise_scale * _unit(f"{self.seed}|scale|{list_key}")) if self.noise_scale else 1.0
+
+    def slot_effects(self, list_key: str, n: int) -> list[float]:
+        """The list-level slot effects ``u(list, j)`` of a real prompt of ``n`` slots (zeros without ``shared_slots``)."""
+        if not self.shared_slots:
+            return [0.0] * n
+        return [self.shared_slots * _unit(f"{self.seed}|slot|{list_key}|{j}") for j in range(n)]
+
+    def _t(self, rng: random.Random) -> Callable[[float, float], float]:
+        """A Student-t draw with ``tails`` degrees of freedom, scaled to SD ``sd`` (the signature of ``gauss``)."""
+        nu = self.tails
+        unit = math.sqrt((nu - 2) / nu)
+
+        def draw(mu: float, sd: float) -> float:
+            z = rng.gauss(0.0, 1.0)
+            return mu + sd * unit * z / math.sqrt(rng.gammavariate(nu / 2, 2.0) / nu)
+
+        return draw
 
     def replace(self, **changes: object) -> SlotModel:
         return replace(self, **changes)
@@ -126,18 +175,29 @@ def _scenarios() -> dict[str, SlotModel]:
         return round(math.sqrt(max(fit["noise_real"] ** 2 - fit["noise_empty"] ** 2, 0.01)), 4)
 
     base = SlotModel(prior=tuple(small["prior"]), noise=real_noise(small), noise_empty=small["noise_empty"])
+    large_model = SlotModel(prior=tuple(large["prior"]), delta=tuple(large["delta"]), noise=real_noise(large),
+                            noise_empty=large["noise_empty"], name="delta-1.5b")
     return {
         "no-delta": base.replace(name="no-delta"),
         "delta-0.5b": base.replace(delta=tuple(small["delta"]), name="delta-0.5b"),
-        "delta-1.5b": SlotModel(prior=tuple(large["prior"]), delta=tuple(large["delta"]), noise=real_noise(large),
-                                noise_empty=large["noise_empty"], name="delta-1.5b"),
+        "delta-1.5b": large_model,
         "last-digit": base.replace(delta=_last_digit(), name="last-digit"),
         "ties": base.replace(tie=12, name="ties"),
+        "noise-scale-0.5": base.replace(noise_scale=0.5, name="noise-scale-0.5"),
+        "noise-scale-1": base.replace(noise_scale=1.0, name="noise-scale-1"),
+        "heavy-tails": base.replace(tails=3.0, name="heavy-tails"),
+        # the real prompt's list x slot variation split as the 0.5B's reordered lists split it: mostly shared
+        "shared-slots": base.replace(shared_slots=small["shared_slots"], noise=small["noise_fresh"], name="shared-slots"),
+        "scale-1.5b": large_model.replace(noise_scale=large["noise_scale"], name="scale-1.5b"),
     }
 
 
-#: The slot scenarios of the issue: no real-vs-empty mismatch (the 0.5B's prior); the 0.5B's and the 1.5B's
-#: fitted prior and mismatch; a last-digit-shared mismatch; twelve labels tied at a floor (0.5B prior).
+#: The slot scenarios: no real-vs-empty mismatch (the 0.5B's prior); the 0.5B's and the 1.5B's fitted prior and
+#: mismatch; a last-digit-shared mismatch; twelve labels tied at a floor (0.5B prior). Issue 22's shapes of
+#: real traffic, on the 0.5B's prior unless said: each list's noise scaled by exp(N(0, .5)) and exp(N(0, 1));
+#: Student-t noise with 3 degrees of freedom; list-level slot effects shared by every reading of a list (the
+#: 0.5B's fitted ``shared_slots``, SD .36, with its fitted fresh noise, .21, in place of the whole real-prompt
+#: noise); the 1.5B's own spread of per-list noise scales (``delta-1.5b`` with its fitted ``noise_scale``, .47).
 SCENARIOS: dict[str, SlotModel] = _scenarios()
 
 

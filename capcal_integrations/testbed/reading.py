@@ -105,13 +105,22 @@ class PassageIndex:
     def __init__(self, lists: Iterable[Judged]) -> None:
         self._by_key: dict[str, list[tuple[str, str, int]]] = {}
         self.lists = 0
+        queries: set[str] = set()
         for query, passages, grades in lists:
             self.lists += 1
+            if query.strip():
+                queries.add(query.strip())
             if len(passages) != len(grades):
                 raise InputError(f"list {query!r}: {len(passages)} passages but {len(grades)} grades")
             for text, grade in zip(passages, grades):
                 norm = normalised(text)
                 self._by_key.setdefault(norm[:_KEY], []).append((norm, query.strip(), int(grade)))
+        self._queries = sorted(queries, key=lambda q: (-len(q), q))  # the longest first
+
+    def query_of(self, prompt: str) -> str:
+        """The data's query that ``prompt`` shows (the longest one it contains), ``""`` if none: the list's key,
+        the same for a list's real, reordered and empty prompts."""
+        return next((q for q in self._queries if q in prompt), "")
 
     def grade(self, text: str, prompt: str) -> int | None:
         """The passage's grade, ``None`` if no passage of the data starts with it."""
