@@ -212,7 +212,8 @@ def main() -> int:
         print(f"{shape} {name} s={s:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         _write(out, rows, meta)
     _write(out, rows, meta)
-    _results_md()
+    if classic and args.out is None:  # RESULTS.md reads results/testbed.json only
+        _results_md()
     print(_file(out, ".md").read_text())
     return 0
 
@@ -234,13 +235,14 @@ def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
         "relevance grade) and slot bias are known, not what a real model does. Regenerate with",
         "`python benchmarks/testbed.py` (see its docstring and `capcal_integrations/testbed`).",
         "",
-        f"{meta['lists']} DL19 top-20 lists x {meta['draws']} draws (simulated models) per scenario and s; nDCG@10",
+        f"{meta['lists']} DL19 {'' if traffic else 'top-20 '}lists x {meta['draws']} draws (simulated models) per scenario and s;"
+        " nDCG@10",
+        "(trec_eval's) averaged over lists and draws, ± its standard error over draws; `reads share`: the share of",
+        "the method's content decisions that said the model reads (per list for the per-list guard).",
         *(["", "Issue 22's shapes of real traffic (a cell is `scenario / shape` unless the shape is `fixed`): "
            + "; ".join(f"`{k}` = {v}" for k, v in SHAPES.items()) + ". Scenarios: " + "; ".join(
                f"`{n}`" for n in SCENARIOS) + " (capcal_integrations/testbed/model.py). `capcal-best` is reported only"
-           " where every list is one window.", ""] if traffic else []),
-        "(trec_eval's) averaged over lists and draws, ± its standard error over draws; `reads share`: the share of",
-        "the method's content decisions that said the model reads (per list for the per-list guard).",
+           " where every list is one window."] if traffic else []),
         "",
         "Methods: " + "; ".join(f"`{m}` = {'BM25 order' if o is None else (o or 'the default options')}"
                                 for m, o in meta["methods"].items())
