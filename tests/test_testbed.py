@@ -444,3 +444,24 @@ def test_the_command_says_how_long_and_runs_a_shape(tmp_path, capsys):
     assert {r["shape"] for r in rows} == {"concurrent"} and {r["scenario"] for r in rows} == {"scale-1.5b"}
     with pytest.raises(SystemExit):
         main(["--data", str(folder), "--shape", "sideways"])
+
+
+@pytest.mark.parametrize("name", ["shared-slots", "scale-1.5b"])
+def test_the_fit_recovers_the_scenarios_list_level_parameters(name):
+    """The moments fit.py reads off the real models' reorderings, read off the scenario's own (given and halves
+    swapped, as the 1.5B's saved readings): the shared slot effects, the fresh noise and the spread of list scales."""
+    from capcal_integrations.testbed.fit import _halves, shared_fit
+
+    model = SCENARIOS[name].replace(s=0.0, seed=9)
+    n, swap = 20, _halves(20)
+    readings = []
+    for k in range(300):
+        key = f"query {k}"
+        given = model.logits([0] * n, f"given {k}", list_key=key)  # log p up to a constant per reading
+        swapped = model.logits([0] * n, f"swapped {k}", list_key=key)
+        readings.append([(given, [str(j) for j in range(n)]), (swapped, [str(j) for j in swap])])
+    got = shared_fit(readings)
+    assert got["shared_slots"] == pytest.approx(model.shared_slots, abs=0.03)
+    assert got["noise_scale"] == pytest.approx(model.noise_scale, abs=0.06)
+    if not model.noise_scale:
+        assert got["noise_fresh"] == pytest.approx(model.noise, abs=0.03) and got["noise_passage"] < 0.05
