@@ -465,3 +465,19 @@ def test_the_fit_recovers_the_scenarios_list_level_parameters(name):
     assert got["noise_scale"] == pytest.approx(model.noise_scale, abs=0.06)
     if not model.noise_scale:
         assert got["noise_fresh"] == pytest.approx(model.noise, abs=0.03) and got["noise_passage"] < 0.05
+
+
+def test_the_empty_prompt_of_a_list_carries_its_key_too():
+    seen = []
+
+    class Spy(SlotModel):
+        def logits(self, grades, prompt, passages=(), *, list_key=""):
+            seen.append((grades is None, list_key))
+            return super().logits(grades, prompt, passages, list_key=list_key)
+
+    data = lists(2, 6)
+    endpoint = simulated_endpoint(data, model=Spy(noise_scale=1.0))
+    for template in ("rank_zephyr", "capcal"):
+        for query, passages, _ in data:
+            endpoint.reranker(method="capcal", alpha=1.0, guard=None, template=template).rerank(query, passages)
+    assert set(seen) == {(empty, query) for empty in (True, False) for query, _, _ in data}
