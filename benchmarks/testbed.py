@@ -1,6 +1,7 @@
 """The testbed table: every method of the library on a simulated reranker with known signal and bias.
 
     python benchmarks/testbed.py [--data ../shared/data/trec-dl19-passage] [--draws 20] [--s 0,0.5,1,2]
+    python benchmarks/testbed.py --shapes all --scenarios all --draws 5     # issue 22's shapes of real traffic
 
 For each slot scenario (no delta; the 0.5B's and the 1.5B's fitted delta; a last-digit-shared delta;
 twelve labels tied at a floor) and content slope ``s``, every method ranks the 43 DL19 top-20 lists
@@ -8,6 +9,12 @@ through the simulated llama.cpp server of :mod:`capcal_integrations.testbed`, ``
 simulated model per draw). Writes benchmarks/results/testbed.json (rows with standard errors and the
 time per ranking) and testbed.md (the table, and the checks of issue 17's "What must hold").
 Cells already in the JSON are kept unless --fresh (so an interrupted run resumes).
+
+``--shapes`` (``fixed``, ``mixed``, ``windows``, ``concurrent``, or ``all``: how the lists reach the reranker, see
+:mod:`capcal_integrations.testbed.measure`) and the scenarios of issue 22 (``noise-scale-0.5``,
+``noise-scale-1``, ``heavy-tails``, ``shared-slots``, ``scale-1.5b``; ``--scenarios all``) write to
+benchmarks/results/testbed-traffic.json and .md instead, unless --out says otherwise. The run first says how
+long it will take (a few lists of each shape timed).
 
 A test instrument: the numbers say what the library's rules do on a model whose signal and bias are
 known, not what a real model does.
@@ -23,11 +30,24 @@ import sys
 import time
 from dataclasses import asdict
 
-from capcal_integrations.testbed.measure import IMPLIED_ALPHAS, METHODS, Row, bench_lists, measure, pivot, table
+from capcal_integrations.testbed.measure import (
+    IMPLIED_ALPHAS,
+    METHODS,
+    SHAPE_TOP,
+    SHAPES,
+    Row,
+    bench_lists,
+    estimate,
+    measure,
+    pivot,
+    table,
+)
 from capcal_integrations.testbed.model import SCENARIOS
 
 HERE = pathlib.Path(__file__).parent
 DATA = pathlib.Path("/work/shared/data/trec-dl19-passage")
+#: The scenarios of issue 17's table (benchmarks/results/testbed.json); the others are issue 22's.
+CLASSIC = ("no-delta", "delta-0.5b", "delta-1.5b", "last-digit", "ties")
 
 
 def _file(out: pathlib.Path, suffix: str) -> pathlib.Path:
@@ -40,9 +60,11 @@ def checks(rows: list[Row]) -> list[str]:
     decisions and stays within .01 of BM25; s >= 0.5 decides "reads" in >= 95 % and stays within .01 of the
     best of vanilla and CapCal (any alpha measured)."""
     out = []
-    cells = {(r.scenario, r.s) for r in rows}
-    for name, s in sorted(cells, key=lambda c: (list(SCENARIOS).index(c[0]) if c[0] in SCENARIOS else 99, c[1])):
-        by = {r.method: r for r in rows if (r.scenario, r.s) == (name, s)}
+    cells = {(r.shape, r.scenario, r.s) for r in rows}
+    shapes = list(SHAPES)
+    for shape, name, s in sorted(cells, key=lambda c: (shapes.index(c[0]) if c[0] in shapes else 99,
+                                                        list(SCENARIOS).index(c[1]) if c[1] in SCENARIOS else 99, c[2])):
+        by = {r.method: r for r in rows if (r.shape, r.scenario, r.s) == (shape, name, s)}
         d = by.get("default")
         if d is None:
             continue
@@ -56,7 +78,7 @@ def checks(rows: list[Row]) -> list[str]:
             best = max(rivals, key=lambda r: r.ndcg10)
             ok = share >= 0.95 and d.ndcg10 >= best.ndcg10 - 0.01
             what = f"reads {share:.2f} (>= .95), nDCG {d.ndcg10:.4f} vs best {best.method} {best.ndcg10:.4f}"
-        out.append(f"| {name} | {s:g} | {'yes' if ok else '**no**'} | {what} | {calibrated} |")
+        out.append(f"| {d.cell} | {s:g} | {'yes' if ok else '**no**'} | {what} | {calibrated} |")
     return ["| scenario | s | holds | default | lists calibrated |", "|---|---:|---|---|---:|", *out]
 
 
@@ -138,10 +160,12 @@ def main() -> int:
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--s", default="0,0.5,1,2")
     ap.add_argument("--draws", type=int, default=20)
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--scenarios", default=None,
+                    help=f"of {', '.join(SCENARIOS)}, or all (default: {', '.join(CLASSIC)} for the fixed shape, else all)")
+    ap.add_argument("--shapes", default="fixed", help=f"of {', '.join(SHAPES)}, or all (default fixed)")
     ap.add_argument("--lists", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(HERE / "results" / "testbed"))
+    ap.add_argument("--out", default=None, help="results/testbed (issue 17's cells) or results/testbed-traffic (default)")
     ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "guard-2"),
                     help=f"of {', '.join(METHODS)}")
     ap.add_argument("--fresh", action="store_true", help="recompute cells already in the JSON")
@@ -153,35 +177,54 @@ def main() -> int:
         from capcal_integrations.options import Options
 
         options = {k: Options.parse(k, v) for k, v in (x.split("=", 1) for x in args.set)}
-        real_model(args.real, args.data, pathlib.Path(args.out), args.queries, **options)
+        real_model(args.real, args.data, pathlib.Path(args.out or HERE / "results" / "testbed"), args.queries, **options)
         _results_md()
-        print(_file(pathlib.Path(args.out), ".md").read_text())
+        print(_file(pathlib.Path(args.out or HERE / "results" / "testbed"), ".md").read_text())
         return 0
-    lists = bench_lists(args.data)[:args.lists]
-    out = pathlib.Path(args.out)
+    shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    scenarios = (list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",") if args.scenarios else
+                 list(CLASSIC) if shapes == ["fixed"] else list(SCENARIOS))
+    unknown = [x for x in shapes if x not in SHAPES] + [x for x in scenarios if x not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown shape or scenario: {', '.join(unknown)}")
+    classic = shapes == ["fixed"] and set(scenarios) <= set(CLASSIC)
+    out = pathlib.Path(args.out or HERE / "results" / ("testbed" if classic else "testbed-traffic"))
     stored = json.loads(_file(out, ".json").read_text()) if _file(out, ".json").is_file() and not args.fresh else {}
     rows = [Row(**r) for r in stored.get("rows", [])]
     methods = {m: METHODS[m] for m in args.methods.split(",")}
-    meta = stored.get("meta", {"draws": args.draws, "lists": len(lists), "seed": args.seed, "methods": methods})
-    for name in args.scenarios.split(","):
-        for s in (float(x) for x in args.s.split(",")):
-            if any((r.scenario, r.s) == (name, s) for r in rows):
-                continue
-            start = time.perf_counter()
-            rows += measure(lists, scenarios=[name], s_values=[s], draws=args.draws, seed=args.seed, methods=methods,
-                            progress=lambda line: print(line, file=sys.stderr, flush=True))
-            print(f"{name} s={s:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-            _write(out, rows, meta)
+    loaded = {shape: bench_lists(args.data, SHAPE_TOP[shape])[:args.lists] for shape in shapes}
+    meta = stored.get("meta", {"draws": args.draws, "lists": len(loaded[shapes[0]]), "seed": args.seed, "methods": methods})
+    s_values = [float(x) for x in args.s.split(",")]
+    todo = [(shape, name, s) for shape in shapes for name in scenarios for s in s_values
+            if not any((r.shape, r.scenario, r.s) == (shape, name, s) for r in rows)]
+    total = 0.0
+    for shape in dict.fromkeys(c[0] for c in todo):
+        cells = [c for c in todo if c[0] == shape]
+        seconds, _ = estimate(loaded[shape], scenarios=[cells[0][1]], s_values=[cells[0][2]], draws=args.draws,
+                              methods=methods, shape=shape, seed=args.seed)
+        total += seconds * len(cells)
+        print(f"{shape}: {len(cells)} cells to run, about {seconds * len(cells) / 60:.0f} min", file=sys.stderr, flush=True)
+    print(f"about {total / 60:.0f} min in all (a few lists timed per shape)", file=sys.stderr, flush=True)
+    for shape, name, s in todo:
+        start = time.perf_counter()
+        rows += measure(loaded[shape], scenarios=[name], s_values=[s], draws=args.draws, seed=args.seed, methods=methods,
+                        progress=lambda line: print(line, file=sys.stderr, flush=True), shape=shape)
+        print(f"{shape} {name} s={s:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        _write(out, rows, meta)
     _write(out, rows, meta)
-    _results_md()
+    if classic and args.out is None:  # RESULTS.md reads results/testbed.json only
+        _results_md()
     print(_file(out, ".md").read_text())
     return 0
 
 
 def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
     order = {n: i for i, n in enumerate(SCENARIOS)}
+    shapes = {n: i for i, n in enumerate(SHAPES)}
     methods = {m: i for i, m in enumerate(meta["methods"])}
-    rows = sorted(rows, key=lambda r: (order.get(r.scenario, 99), r.s, methods.get(r.method, 99), r.method))
+    rows = sorted(rows, key=lambda r: (shapes.get(r.shape, 99), order.get(r.scenario, 99), r.s, methods.get(r.method, 99),
+                                       r.method))
+    traffic = any(r.shape != "fixed" or r.scenario not in CLASSIC for r in rows)
     _file(out, ".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     per_list = {m: sum(r.seconds for r in rows if r.method == m) / max(1, sum(r.method == m for r in rows))
                 for m in methods}
@@ -192,9 +235,14 @@ def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
         "relevance grade) and slot bias are known, not what a real model does. Regenerate with",
         "`python benchmarks/testbed.py` (see its docstring and `capcal_integrations/testbed`).",
         "",
-        f"{meta['lists']} DL19 top-20 lists x {meta['draws']} draws (simulated models) per scenario and s; nDCG@10",
+        f"{meta['lists']} DL19 {'' if traffic else 'top-20 '}lists x {meta['draws']} draws (simulated models) per scenario and s;"
+        " nDCG@10",
         "(trec_eval's) averaged over lists and draws, ± its standard error over draws; `reads share`: the share of",
         "the method's content decisions that said the model reads (per list for the per-list guard).",
+        *(["", "Issue 22's shapes of real traffic (a cell is `scenario / shape` unless the shape is `fixed`): "
+           + "; ".join(f"`{k}` = {v}" for k, v in SHAPES.items()) + ". Scenarios: " + "; ".join(
+               f"`{n}`" for n in SCENARIOS) + " (capcal_integrations/testbed/model.py). `capcal-best` is reported only"
+           " where every list is one window."] if traffic else []),
         "",
         "Methods: " + "; ".join(f"`{m}` = {'BM25 order' if o is None else (o or 'the default options')}"
                                 for m, o in meta["methods"].items())

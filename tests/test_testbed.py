@@ -351,3 +351,133 @@ def test_the_new_scenarios_carry_the_fitted_values():
     assert SCENARIOS["shared-slots"].noise == fits["0.5b"]["noise_fresh"]
     assert SCENARIOS["scale-1.5b"].noise_scale == fits["1.5b"]["noise_scale"] > 0.3
     assert SCENARIOS["scale-1.5b"].replace(noise_scale=0.0, name="delta-1.5b") == SCENARIOS["delta-1.5b"]
+
+
+# ---------------------------------------------------------------- issue 22: the shapes of real traffic (measure)
+
+
+def bench(k=3, n=8):
+    from capcal_integrations.testbed.measure import BenchList
+
+    return [BenchList(q, tuple(p), tuple(g), tuple(sorted(g, reverse=True))) for q, p, g in lists(k, n)]
+
+
+def server_for(data, name="no-delta", s=1.0, seed=0):
+    from capcal_integrations.testbed.endpoint import PassageIndex, SimulatedServer
+    from capcal_integrations.testbed.model import scenario
+
+    return SimulatedServer(PassageIndex((b.query, b.passages, b.grades) for b in data), scenario(name, s, seed=seed))
+
+
+def test_a_mixed_length_run_ranks_lists_of_different_lengths():
+    from capcal_integrations.testbed.measure import _run, shaped
+
+    data = bench(6, 40)
+    cut = shaped(data, "mixed", seed=1, draw=0)
+    lengths = [len(b.passages) for b in cut]
+    assert all(3 <= n <= 30 for n in lengths) and len(set(lengths)) > 2
+    assert cut == shaped(data, "mixed", seed=1, draw=0) and cut != shaped(data, "mixed", seed=1, draw=1)
+    assert shaped(data, "fixed") == data and shaped(data, "concurrent") == data
+    _, rankings = _run(server_for(data, "shared-slots"), cut, {"method": "capcal", "alpha": 1.0, "guard": None})
+    assert [len(r.order) for r in rankings] == lengths
+    assert all(sorted(r.order) == list(range(n)) for r, n in zip(rankings, lengths))
+
+
+def test_the_windows_shape_ranks_lists_longer_than_the_window():
+    from capcal_integrations.testbed.measure import _run, _windows, shaped
+
+    data = bench(2, 60)
+    cut = shaped(data, "windows", seed=0, draw=0)
+    assert all(50 <= len(b.passages) <= 60 for b in cut)
+    _, rankings = _run(server_for(data, "noise-scale-1"), cut, {"method": "capcal", "alpha": 1.0, "guard": None})
+    assert all(len(r.order) == len(b.passages) > 20 and _windows(r) > 1 for r, b in zip(rankings, cut))
+
+
+def test_the_concurrent_shape_ranks_eight_at_a_time_as_one_after_another_would():
+    from capcal_integrations.testbed.measure import _run
+
+    data = bench(10, 6)
+    server = server_for(data, "heavy-tails", s=2.0, seed=3)
+    opts = {"method": "capcal", "alpha": 1.0, "guard": None}
+    _, together = _run(server, data, opts, concurrency=8)
+    _, alone = _run(server, data, opts)
+    assert [r.order for r in together] == [r.order for r in alone]  # the same prompts get the same noise
+
+
+def test_measure_runs_each_shape_and_labels_its_rows():
+    from capcal_integrations.testbed.measure import estimate, measure, table
+
+    data = bench(3, 32)
+    methods = {"bm25": None, "vanilla": {"method": "vanilla"}, "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None}}
+    for shape in ("mixed", "concurrent"):
+        rows = measure(data, scenarios=["shared-slots"], s_values=[2.0], draws=1, methods=methods, shape=shape)
+        assert {r.shape for r in rows} == {shape} and all(r.json()["shape"] == shape for r in rows)
+        by = {r.method: r for r in rows}
+        assert by["vanilla"].ndcg10 > by["bm25"].ndcg10
+        assert (3 <= by["vanilla"].passages <= 30) if shape == "mixed" else by["vanilla"].passages == 32
+        assert f"shared-slots / {shape}" in table(rows)
+    seconds, per_list = estimate(data, scenarios=["no-delta"], s_values=[0.0, 1.0], draws=2, methods=methods)
+    assert set(per_list) == set(methods) and seconds == pytest.approx(sum(per_list.values()) * 3 * 2 * 2)
+    assert "shape" not in measure(data[:1], scenarios=["no-delta"], s_values=[0.0], draws=1, methods=methods)[0].json()
+
+
+def test_the_command_says_how_long_and_runs_a_shape(tmp_path, capsys):
+    from capcal_integrations.testbed.command import main
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    data = lists(3, 12)
+    with gzip.open(folder / "candidates.jsonl.gz", "wt", encoding="utf-8") as f:
+        for q, (query, passages, _) in enumerate(data):
+            f.write(json.dumps({"qid": str(q), "query": query, "candidates": [
+                {"docid": f"{q}-{i}", "text": p, "bm25_rank": i + 1} for i, p in enumerate(passages)]}) + "\n")
+    (folder / "qrels.txt").write_text("".join(f"{q} 0 {q}-{i} {g}\n" for q, (_, _, grades) in enumerate(data)
+                                              for i, g in enumerate(grades)))
+    assert main(["--data", str(folder), "--s", "1", "--draws", "1", "--scenario", "heavy-tails", "--shape", "mixed,windows",
+                 "--estimate-only"]) == 0
+    err = capsys.readouterr().err
+    assert "mixed: 3 lists x 1 draws" in err and "windows:" in err and "in all about" in err
+    out = tmp_path / "rows.json"
+    assert main(["--data", str(folder), "--s", "1", "--draws", "1", "--scenario", "scale-1.5b", "--shape", "concurrent",
+                 "--json", str(out), "--quiet"]) == 0
+    rows = json.loads(out.read_text())
+    assert {r["shape"] for r in rows} == {"concurrent"} and {r["scenario"] for r in rows} == {"scale-1.5b"}
+    with pytest.raises(SystemExit):
+        main(["--data", str(folder), "--shape", "sideways"])
+
+
+@pytest.mark.parametrize("name", ["shared-slots", "scale-1.5b"])
+def test_the_fit_recovers_the_scenarios_list_level_parameters(name):
+    """The moments fit.py reads off the real models' reorderings, read off the scenario's own (given and halves
+    swapped, as the 1.5B's saved readings): the shared slot effects, the fresh noise and the spread of list scales."""
+    from capcal_integrations.testbed.fit import _halves, shared_fit
+
+    model = SCENARIOS[name].replace(s=0.0, seed=9)
+    n, swap = 20, _halves(20)
+    readings = []
+    for k in range(300):
+        key = f"query {k}"
+        given = model.logits([0] * n, f"given {k}", list_key=key)  # log p up to a constant per reading
+        swapped = model.logits([0] * n, f"swapped {k}", list_key=key)
+        readings.append([(given, [str(j) for j in range(n)]), (swapped, [str(j) for j in swap])])
+    got = shared_fit(readings)
+    assert got["shared_slots"] == pytest.approx(model.shared_slots, abs=0.03)
+    assert got["noise_scale"] == pytest.approx(model.noise_scale, abs=0.06)
+    if not model.noise_scale:
+        assert got["noise_fresh"] == pytest.approx(model.noise, abs=0.03) and got["noise_passage"] < 0.05
+
+
+def test_the_empty_prompt_of_a_list_carries_its_key_too():
+    seen = []
+
+    class Spy(SlotModel):
+        def logits(self, grades, prompt, passages=(), *, list_key=""):
+            seen.append((grades is None, list_key))
+            return super().logits(grades, prompt, passages, list_key=list_key)
+
+    data = lists(2, 6)
+    endpoint = simulated_endpoint(data, model=Spy(noise_scale=1.0))
+    for template in ("rank_zephyr", "capcal"):
+        for query, passages, _ in data:
+            endpoint.reranker(method="capcal", alpha=1.0, guard=None, template=template).rerank(query, passages)
+    assert set(seen) == {(empty, query) for empty in (True, False) for query, _, _ in data}

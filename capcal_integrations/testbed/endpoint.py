@@ -9,6 +9,9 @@ token ids, chat completions with a prefilled assistant turn), and reads every pr
 * the passages are found after the identifiers and looked up by their text among the data's passages
   (:class:`~.reading.PassageIndex`); a prompt whose passages are all the same text is the empty
   (placeholder) prompt;
+* the list a prompt belongs to (its key for :class:`~.model.SlotModel`'s per-list noise scale and shared slot
+  effects) is the data's query it shows (:meth:`~.reading.PassageIndex.query_of`): the same for a list's real,
+  reordered and empty prompts, and for the windows of one query;
 * the text after the assistant marker is the decoding prefix: identifiers already written are out, and
   the partial identifier at its end (``[1``) is the trie node asked.
 

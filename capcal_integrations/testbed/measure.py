@@ -6,23 +6,33 @@ state: a per-model decision is taken afresh) on the same simulated endpoint, so 
 the same draws. Lists are taken in an order shuffled per draw (a decision made on the first lists does
 not always see the same ones). nDCG@10 is trec_eval's (linear gains, the ideal from all of the
 query's judgements). A test instrument: the numbers say what the rules do on the testbed's model.
+
+**Traffic shapes** (issue 22, :data:`SHAPES`): ``fixed`` ranks every list as loaded (the top 20), one after
+another; ``mixed`` cuts each list to a length drawn from 3..30 (a similarity cut-off or ``top_k``);
+``windows`` cuts each to a length drawn from 50..100 (DL19 and DL20 have 100 candidates per query) and the
+library slides its window (20 passages, stride 10) over it; ``concurrent`` ranks the top 20 of every list
+8 at a time (``arerank_many(concurrency=8)``). Lengths are drawn per draw and list (the same for every
+method of a draw); :data:`SHAPE_TOP` is how many candidates each shape needs from the data.
+:func:`estimate` times a few lists of a shape to say how long a measurement will take.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InputError
 from .endpoint import PassageIndex, SimulatedServer
 from .model import _digest, scenario
 
-__all__ = ["BenchList", "METHODS", "bench_lists", "ndcg10", "measure", "Row", "table", "decisions"]
+__all__ = ["BenchList", "METHODS", "SHAPES", "SHAPE_TOP", "bench_lists", "ndcg10", "measure", "Row", "table", "decisions",
+           "shaped", "estimate"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,20 @@ METHODS: dict[str, dict[str, Any] | None] = {
 #: left, which is what the testbed's Plackett-Luce model answers), the best of them reported.
 IMPLIED_ALPHAS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 
+#: The traffic shapes of issue 22 (see the module docstring).
+SHAPES: dict[str, str] = {
+    "fixed": "every list as loaded (the top 20), one after another",
+    "mixed": "each list cut to a length drawn from 3..30, one after another",
+    "windows": "each list cut to a length drawn from 50..100 and ranked with the sliding window (20, stride 10)",
+    "concurrent": "the top 20 of every list, 8 lists at a time (arerank_many, concurrency 8)",
+}
+#: Candidates per list each shape needs from the data (``bench_lists(data, top)``).
+SHAPE_TOP = {"fixed": 20, "mixed": 30, "windows": 100, "concurrent": 20}
+#: The range of list lengths a shape draws from (inclusive), per list and draw.
+LENGTHS = {"mixed": (3, 30), "windows": (50, 100)}
+#: Lists in flight at once in the ``concurrent`` shape.
+CONCURRENCY = 8
+
 
 def bench_lists(data: Any, top: int = 20) -> list[BenchList]:
     """The first ``top`` candidates of every topic of a dataset (a directory in the shared format or a
@@ -71,6 +95,29 @@ def bench_lists(data: Any, top: int = 20) -> list[BenchList]:
                              tuple(judged.get(c.docid, 0) for c in cands), tuple(sorted(judged.values(), reverse=True))))
     if not out:
         raise InputError("the dataset has no topics")
+    return out
+
+
+def shaped(lists: Sequence[BenchList], shape: str, seed: int = 0, draw: int = 0) -> list[BenchList]:
+    """The lists as ``shape`` sends them in draw ``draw``: ``mixed`` and ``windows`` cut each list to a length
+    drawn from :data:`LENGTHS` (at most what the list has), the others leave them as they are.
+
+    >>> lists = [BenchList(f"q{i}", tuple(f"p{j}" for j in range(100)), (0,) * 100, ()) for i in range(50)]
+    >>> lengths = [len(b.passages) for b in shaped(lists, "mixed", draw=1)]
+    >>> min(lengths) >= 3 and max(lengths) <= 30 and len(set(lengths)) > 5, lengths == [len(b.passages) for b in
+    ...     shaped(lists, "mixed", draw=1)]
+    (True, True)
+    """
+    if shape not in SHAPES:
+        raise InputError(f"unknown traffic shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    span = LENGTHS.get(shape)
+    if span is None:
+        return list(lists)
+    rng = random.Random(f"{seed}/{draw}/{shape}")
+    out = []
+    for b in lists:
+        n = min(len(b.passages), rng.randint(*span))
+        out.append(replace(b, passages=b.passages[:n], grades=b.grades[:n]))
     return out
 
 
@@ -119,18 +166,32 @@ class Row:
     prompt_tokens: float = 0.0  # per ranking, as the server reports them
     uncached_tokens: float = 0.0  # per ranking, prompt tokens not served from a slot's cache
     note: str = ""
+    shape: str = "fixed"  # the traffic shape (SHAPES)
+    passages: float = 0.0  # mean passages per list ranked
 
     def json(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "s": self.s, "method": self.method, "ndcg10": round(self.ndcg10, 4),
-                "reads_share": None if self.reads_share is None else round(self.reads_share, 4)}
+        out = {"scenario": self.scenario, "s": self.s, "method": self.method, "ndcg10": round(self.ndcg10, 4),
+               "reads_share": None if self.reads_share is None else round(self.reads_share, 4)}
+        return out if self.shape == "fixed" else {**out, "shape": self.shape}
+
+    @property
+    def cell(self) -> str:
+        """The scenario, and the shape unless ``fixed``."""
+        return self.scenario if self.shape == "fixed" else f"{self.scenario} / {self.shape}"
 
 
 def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: Sequence[float], draws: int,
             methods: Mapping[str, dict[str, Any] | None] | None = None, seed: int = 0,
-            progress: Callable[[str], None] | None = None) -> list[Row]:
+            progress: Callable[[str], None] | None = None, shape: str = "fixed") -> list[Row]:
     """One :class:`Row` per (scenario, s, method): nDCG@10 averaged over lists and draws, and the share
-    of the method's content decisions that said "reads" (``None`` for a method that takes none)."""
+    of the method's content decisions that said "reads" (``None`` for a method that takes none). ``shape``
+    (:data:`SHAPES`) is how the lists reach the reranker; ``lists`` need :data:`SHAPE_TOP` candidates for it."""
     methods = METHODS if methods is None else methods
+    shaped(lists[:0], shape)  # an unknown shape fails here
+    if shape == "windows" and all(len(b.passages) <= 20 for b in lists):
+        log.warning("testbed: the windows shape needs lists longer than the window (20); these have at most %d passages",
+                    max(len(b.passages) for b in lists))
+    concurrency = CONCURRENCY if shape == "concurrent" else None
     index = PassageIndex((b.query, b.passages, b.grades) for b in lists)
     rows = []
     for name in scenarios:
@@ -140,18 +201,21 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
             counts: dict[str, list[float]] = {m: [0.0] * 7 for m in methods}
             implied: dict[float, list[float]] = {a: [] for a in IMPLIED_ALPHAS}
             spent: dict[str, float] = dict.fromkeys(methods, 0.0)
+            implied_ok, passages = True, 0
             for draw in range(draws):
                 model = scenario(name, s, seed=draw_seed(seed, name, s, draw))
                 server = SimulatedServer(index, model)
                 order = list(range(len(lists)))
                 random.Random(f"{seed}/{draw}").shuffle(order)
-                chosen = [lists[i] for i in order]
+                cut = shaped(lists, shape, seed, draw)
+                chosen = [cut[i] for i in order]
+                passages += sum(len(b.passages) for b in chosen)
                 picked = 1.0
                 for method, opts in methods.items():
                     if opts is not None and opts.get("alpha") == "chosen":
                         opts = {**opts, "alpha": picked}
                     start = time.perf_counter()
-                    reranker, rankings = _run(server, chosen, opts)
+                    reranker, rankings = _run(server, chosen, opts, concurrency)
                     spent[method] += time.perf_counter() - start
                     orders = [r.order for r in rankings] if rankings else [tuple(range(len(b.grades))) for b in chosen]
                     per_draw[method].append(_mean([ndcg10([b.grades[i] for i in o], b.ideal) for b, o in zip(chosen, orders)]))
@@ -168,11 +232,12 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                         c[4] += sum(x.usage.requests for x in rankings)
                         c[5] += sum(x.usage.prompt_tokens for x in rankings)
                         c[6] += sum(x.usage.prompt_tokens - x.usage.cached_tokens for x in rankings)
-                    if method == "capcal-1" and rankings:
+                    implied_ok = implied_ok and all(_windows(x) == 1 for x in rankings)  # one window: the whole list
+                    if method == "capcal-1" and rankings and implied_ok:
                         for a in IMPLIED_ALPHAS:
                             implied[a].append(_mean([ndcg10([b.grades[i] for i in _implied(x, a)], b.ideal)
                                                      for b, x in zip(chosen, rankings)]))
-            if any(implied.values()):
+            if implied_ok and any(implied.values()):
                 best = max(IMPLIED_ALPHAS, key=lambda a: _mean(implied[a]))
                 per_draw["capcal-best"] = implied[best]
             for method in [*methods, "capcal-best"]:
@@ -188,9 +253,9 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                         f"{_mean(implied[1.0]):.4f}") if method == "capcal-best" else ""
                 rows.append(Row(name, float(s), method, mean, c[0] / c[1] if c[1] else None, se, draws, len(lists),
                                 spent.get(method, 0.0) / per, c[2] / c[3] if c[3] else None, c[4] / per, c[5] / per,
-                                c[6] / per, note))
+                                c[6] / per, note, shape, passages / per))
                 if progress:
-                    progress(f"{name} s={s:g} {method}: nDCG@10 {mean:.4f} (+-{se:.4f})"
+                    progress(f"{rows[-1].cell} s={s:g} {method}: nDCG@10 {mean:.4f} (+-{se:.4f})"
                              + (f", reads {c[0]:.0f}/{c[1]:.0f}" if c[1] else "") + f", {rows[-1].seconds * 1000:.0f} ms per list"
                              + (f" ({note})" if note else ""))
     return rows
@@ -208,6 +273,8 @@ def _implied(ranking: Any, alpha: float) -> list[int]:
     """The capcal ranking at ``alpha`` implied by a ranking's first step (one window: the whole list)."""
     from ..contrast import implied_order
 
+    if not ranking.steps:  # kept in its given order
+        return list(ranking.order)
     first = ranking.steps[0]
     order = implied_order([math.log(max(x, 1e-300)) for x in first.p], [math.log(max(x, 1e-300)) for x in first.q], alpha)
     return [first.candidates[j] for j in order]
@@ -218,14 +285,52 @@ def draw_seed(seed: int, name: str, s: float, draw: int) -> int:
     return _digest(f"{seed}/{name}/{s:g}/{draw}") & 0xFFFFFFFF
 
 
-def _run(server: SimulatedServer, lists: Sequence[BenchList], opts: dict[str, Any] | None) -> tuple[Any, list[Any]]:
-    """A fresh reranker with ``opts`` on the server, and its rankings of ``lists`` (none for the first-stage order)."""
+def _run(server: SimulatedServer, lists: Sequence[BenchList], opts: dict[str, Any] | None,
+         concurrency: int | None = None) -> tuple[Any, list[Any]]:
+    """A fresh reranker with ``opts`` on the server, and its rankings of ``lists`` (none for the first-stage order):
+    one after another, or ``concurrency`` at a time through ``arerank_many``."""
     if opts is None:
         return None, []
     from . import SimulatedEndpoint
 
     reranker = SimulatedEndpoint(server).reranker(**opts)
-    return reranker, [reranker.rerank(b.query, list(b.passages)) for b in lists]
+    items = [(b.query, list(b.passages)) for b in lists]
+    if concurrency:
+        return reranker, asyncio.run(reranker.arerank_many(items, concurrency=concurrency))
+    return reranker, [reranker.rerank(q, p) for q, p in items]
+
+
+def estimate(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: Sequence[float], draws: int,
+             methods: Mapping[str, dict[str, Any] | None] | None = None, shape: str = "fixed", seed: int = 0,
+             sample: int = 2) -> tuple[float, dict[str, float]]:
+    """How long :func:`measure` will take with these arguments, roughly: ``sample`` lists of the shape ranked by
+    every method (the first scenario, the largest ``s``; after one short list that warms the reranker up, as
+    the measure's first list does for the rest), the time per list times the lists, draws, scenarios and ``s``
+    values. ``(seconds, seconds per list by method)``."""
+    methods = METHODS if methods is None else methods
+    chosen = shaped(lists, shape, seed, 0)[:max(1, sample)]
+    warm = replace(lists[0], passages=lists[0].passages[:4], grades=lists[0].grades[:4])
+    server = SimulatedServer(PassageIndex((b.query, b.passages, b.grades) for b in lists),
+                             scenario(scenarios[0], max(s_values), seed=draw_seed(seed, scenarios[0], max(s_values), 0)))
+    per_list = {}
+    for method, opts in methods.items():
+        if opts is None:
+            per_list[method] = 0.0
+            continue
+        if opts.get("alpha") == "chosen":
+            opts = {**opts, "alpha": 1.0}
+        from . import SimulatedEndpoint
+
+        reranker = SimulatedEndpoint(server).reranker(**opts)
+        reranker.rerank(warm.query, list(warm.passages))
+        start = time.perf_counter()
+        if shape == "concurrent":
+            asyncio.run(reranker.arerank_many([(b.query, list(b.passages)) for b in chosen], concurrency=CONCURRENCY))
+        else:
+            for b in chosen:
+                reranker.rerank(b.query, list(b.passages))
+        per_list[method] = (time.perf_counter() - start) / len(chosen)
+    return math.fsum(per_list.values()) * len(lists) * draws * len(scenarios) * len(s_values), per_list
 
 
 def _best_alpha(row: Row) -> str:
@@ -239,7 +344,7 @@ def table(rows: Sequence[Row]) -> str:
     for r in rows:
         share = "" if r.reads_share is None else f"{r.reads_share:.2f}"
         method = f"{r.method} (alpha {_best_alpha(r)})" if r.method == "capcal-best" and r.note else r.method
-        out.append(f"| {r.scenario} | {r.s:g} | {method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
+        out.append(f"| {r.cell} | {r.s:g} | {method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
     return "\n".join(out)
 
 
@@ -250,8 +355,8 @@ PIVOT = ("bm25", "vanilla", "capcal-adaptive", "capcal-1", "capcal-chosen", "cap
 def pivot(rows: Sequence[Row]) -> str:
     """nDCG@10 per (scenario, s) in one row each, the methods of :data:`PIVOT` as columns (the default's
     share of "reads" decisions in brackets; ``capcal-best`` with its alpha)."""
-    cells = {(r.scenario, r.s, r.method): r for r in rows}
-    keys = list(dict.fromkeys((r.scenario, r.s) for r in rows))
+    cells = {(r.cell, r.s, r.method): r for r in rows}
+    keys = list(dict.fromkeys((r.cell, r.s) for r in rows))
     out = ["| scenario | s | " + " | ".join(PIVOT) + " |", "|---|---:|" + "---:|" * len(PIVOT)]
     for name, s in keys:
         values = []
