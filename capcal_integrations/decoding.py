@@ -5,8 +5,8 @@ are read for the real prompt (and, calibrated, for the empty prompt: every passa
 calibrated scores pick the next place, and the prefix grows by it. The rules it applies each live in
 their own module: the older per-list guard (:func:`~.calibration.content_agreement`; the content check
 itself decides before any window is decoded, on the first-step readings of :func:`check_readings`), how
-deep to decode (:mod:`.depth`) and what a deadline leaves (:mod:`.deadline`). Where the endpoint cannot continue a prefix, ``vanilla`` is the model's own answer
-parsed (:func:`generated_window`). ``decoding="release"`` builds the prefixes and the identifiers as the
+deep to decode (:mod:`.depth`) and what a deadline leaves (:mod:`.deadline`). Where the endpoint cannot
+continue a prefix, ``vanilla`` is the model's own answer parsed (:func:`generated_window`). ``decoding="release"`` builds the prefixes and the identifiers as the
 CapCal authors' code does (:func:`_prefix_spellings`, :func:`_label_spellings`).
 """
 

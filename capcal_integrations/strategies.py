@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .deadline import DeadlinePassed, deadline_note, finish, partial_order, within
 from .content_check import Pending, check_of
+from .deadline import DeadlinePassed, deadline_note, finish, partial_order, within
 from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths
 from .errors import CapabilityError, InputError

@@ -55,7 +55,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "capcal-adaptive": {"method": "capcal", "alpha": "adaptive", "guard": None},
     "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None},
     "guard-2": {"method": "capcal", "alpha": "adaptive", "guard": 2.0},
-    "default": {},
+    "default": {"check_wait": True},
     "capcal-chosen": {"method": "capcal", "alpha": "chosen", "guard": None},
 }
 #: ``alpha="chosen"`` (``capcal-chosen``): the strength the default's content check chose on its first lists
@@ -197,11 +197,14 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
     for name in scenarios:
         for s in s_values:
             per_draw: dict[str, list[float]] = {m: [] for m in [*methods, "capcal-best"]}
+            after: dict[str, list[float]] = {m: [] for m in [*methods, "capcal-best"]}  # over the lists ranked after
+            # the default's decision (its deciding phase left out), per draw
             # per method: reads, decided, windows calibrated, windows, requests, prompt tokens, uncached tokens
             counts: dict[str, list[float]] = {m: [0.0] * 7 for m in methods}
             implied: dict[float, list[float]] = {a: [] for a in IMPLIED_ALPHAS}
             spent: dict[str, float] = dict.fromkeys(methods, 0.0)
             implied_ok, passages = True, 0
+            after_implied: dict[float, list[float]] = {}
             for draw in range(draws):
                 model = scenario(name, s, seed=draw_seed(seed, name, s, draw))
                 server = SimulatedServer(index, model)
@@ -210,7 +213,8 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                 cut = shaped(lists, shape, seed, draw)
                 chosen = [cut[i] for i in order]
                 passages += sum(len(b.passages) for b in chosen)
-                picked = 1.0
+                picked, ranked_after = 1.0, []
+                per_list: dict[str, list[float]] = {}
                 for method, opts in methods.items():
                     if opts is not None and opts.get("alpha") == "chosen":
                         opts = {**opts, "alpha": picked}
@@ -218,8 +222,12 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                     reranker, rankings = _run(server, chosen, opts, concurrency)
                     spent[method] += time.perf_counter() - start
                     orders = [r.order for r in rankings] if rankings else [tuple(range(len(b.grades))) for b in chosen]
-                    per_draw[method].append(_mean([ndcg10([b.grades[i] for i in o], b.ideal) for b, o in zip(chosen, orders)]))
+                    per_list[method] = [ndcg10([b.grades[i] for i in o], b.ideal) for b, o in zip(chosen, orders)]
+                    per_draw[method].append(_mean(per_list[method]))
                     decided = _decision(reranker) if method == "default" else None
+                    if method == "default":
+                        ranked_after = [k for k, x in enumerate(rankings) if any(n.startswith("content check (")
+                                                                                 for n in x.notes)]
                     if decided is not None:
                         picked = decided.alpha
                     if reranker is not None:
@@ -235,13 +243,22 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                     implied_ok = implied_ok and all(_windows(x) == 1 for x in rankings)  # one window: the whole list
                     if method == "capcal-1" and rankings and implied_ok:
                         for a in IMPLIED_ALPHAS:
-                            implied[a].append(_mean([ndcg10([b.grades[i] for i in _implied(x, a)], b.ideal)
-                                                     for b, x in zip(chosen, rankings)]))
+                            per_list[f"implied {a:g}"] = [ndcg10([b.grades[i] for i in _implied(x, a)], b.ideal)
+                                                          for b, x in zip(chosen, rankings)]
+                            implied[a].append(_mean(per_list[f"implied {a:g}"]))
+                if "default" in methods and ranked_after:
+                    for method in methods:
+                        after[method].append(_mean([per_list[method][k] for k in ranked_after]))
+                    if implied_ok and f"implied {IMPLIED_ALPHAS[0]:g}" in per_list:
+                        for a in IMPLIED_ALPHAS:
+                            after_implied.setdefault(a, []).append(_mean([per_list[f"implied {a:g}"][k] for k in ranked_after]))
             if implied_ok and any(implied.values()):
                 best = max(IMPLIED_ALPHAS, key=lambda a: _mean(implied[a]))
                 per_draw["capcal-best"] = implied[best]
-            for method in [*methods, "capcal-best"]:
-                values = per_draw[method]
+            if implied_ok and after_implied and len(after_implied[IMPLIED_ALPHAS[0]]) == len(after["default"]):
+                after["capcal-best"] = after_implied[max(IMPLIED_ALPHAS, key=lambda a: _mean(after_implied[a]))]
+            for method in [*methods, "capcal-best", *(f"{m}@decided" for m in [*methods, "capcal-best"])]:
+                values = after[method[:-len("@decided")]] if method.endswith("@decided") else per_draw[method]
                 if not values:
                     continue
                 mean = _mean(values)
