@@ -6,8 +6,9 @@ calibrated scores pick the next place, and the prefix grows by it. The rules it 
 their own module: the older per-list guard (:func:`~.calibration.content_agreement`; the content check
 itself decides before any window is decoded, on the first-step readings of :func:`check_readings`), how
 deep to decode (:mod:`.depth`) and what a deadline leaves (:mod:`.deadline`). Where the endpoint cannot
-continue a prefix, ``vanilla`` is the model's own answer parsed (:func:`generated_window`). ``decoding="release"`` builds the prefixes and the identifiers as the
-CapCal authors' code does (:func:`_prefix_spellings`, :func:`_label_spellings`).
+continue a prefix, ``vanilla`` is the model's own answer parsed (:func:`generated_window`).
+``decoding="release"`` builds the prefixes and the identifiers as the CapCal authors' code does
+(:func:`_prefix_spellings`, :func:`_label_spellings`).
 """
 
 from __future__ import annotations
