@@ -10,6 +10,11 @@ saved readings let the decision be replayed in ``--orders`` random query orders.
 
     python benchmarks/real_decision.py --model 0.5b --queries 20 --set probability=trie
     python benchmarks/real_decision.py --readings benchmarks/results/real-decision-0.5b.json   # replay only
+    python benchmarks/real_decision.py --model 1.5b --complete benchmarks/results/decision-sampling-1.5b.json
+
+``--complete FILE`` starts from readings saved by the older check (each list read as given and with its halves
+swapped: readings ``A`` and ``B``, method ``first-token`` without calibration) and reads the two it lacks
+(``C``, ``D``) the same way, after checking on the first list that a fresh reading of ``A`` matches the saved one.
 """
 
 from __future__ import annotations
@@ -93,6 +98,53 @@ def run(args: argparse.Namespace) -> dict:
             "seconds": round(time.perf_counter() - start, 1), "rows": rows}
 
 
+def complete(args: argparse.Namespace) -> dict:
+    """Readings ``A``, ``B`` saved by the older check, ``C`` and ``D`` read here the same way (module docstring)."""
+    import math
+
+    from capcal_integrations.contrast import reading_orders
+    from capcal_integrations.server.launcher import endpoint
+    from capcal_integrations.testbed.measure import bench_lists
+
+    saved = json.loads(pathlib.Path(args.complete).read_text())["readings"]
+    lists = bench_lists(args.data)[:len(saved)]
+    start = time.perf_counter()
+    with endpoint(args.base_url, args.model) as ep:
+        first = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, timeout=900,
+                               method="first-token", guard=None)
+
+        def read(b, order: list[int]) -> tuple[float, ...]:
+            p = first.rerank(b.query, [b.passages[i] for i in order]).steps[0].p
+            return tuple(math.log(max(x, 1e-300)) for x in p)
+
+        again = read(lists[0], list(range(len(lists[0].passages))))
+        drift = max(abs((x - again[0]) - (y - saved[0][0][0])) for x, y in zip(again, saved[0][0]))
+        print(f"reading A of list 0 read again: largest difference from the saved one {drift:.2e}", file=sys.stderr)
+        rows = []
+        for k, (b, (a, bb)) in enumerate(zip(lists, saved)):
+            n = len(b.passages)
+            _, _, c, d = reading_orders(n)
+            reading = Reading((tuple(a), tuple(bb), read(b, c), read(b, d)))
+            rows.append({"qid": str(k), "query": b.query, "method": "-", "order": [], "ndcg10": 0.0, "bm25": 0.0,
+                         "seconds": 0.0, "score": agreement(reading), "e_after": 0.0,
+                         "reading": {"slots": [list(s) for s in reading.slots], "empty": []}})
+            print(f"{k + 1}/{len(saved)} score {rows[-1]['score']:.2f}", file=sys.stderr, flush=True)
+        caps = first.capabilities()
+    evidence = Evidence(cap=CAP)
+    for r in rows:
+        if evidence.add(r["score"]) is not None:
+            break
+        r["e_after"] = evidence.for_reads
+    return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights,
+            "options": ["method=first-token", "guard=None", f"readings A, B from {args.complete}"], "queries": len(rows),
+            "decision": None, "decision_text": (f"{evidence.verdict} after {evidence.queries} queries (e = "
+                                                f"{evidence.for_reads:.3g} for reads, {evidence.for_not:.3g} against)"
+                                                if evidence.verdict else f"undecided after all {evidence.queries} "
+                                                f"queries (e = {evidence.for_reads:.3g} for reads, {evidence.for_not:.3g} "
+                                                "against): the check keeps the given order while undecided"),
+            "check_drift": drift, "seconds": round(time.perf_counter() - start, 1), "rows": rows}
+
+
 def report(result: dict, verdicts: dict, orders: int, command: str) -> str:
     rows = result["rows"]
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
@@ -102,8 +154,11 @@ def report(result: dict, verdicts: dict, orders: int, command: str) -> str:
         f"`{command}` ({result['seconds']:.0f} s; {result['queries']} DL19 queries, top 20 of BM25; options "
         f"{', '.join(result['options']) or 'defaults'}; weights fingerprint `{result['weights']}`).", "",
         f"**Decision in query order:** {result['decision_text']}", "",
-        f"nDCG@10 of the default over these queries: {mean('ndcg10'):.4f} (BM25 {mean('bm25'):.4f}); the default ranked "
-        f"{sum(r['method'] != 'given-order' for r in rows)} of {len(rows)} lists calibrated.", "",
+        *([f"nDCG@10 of the default over these queries: {mean('ndcg10'):.4f} (BM25 {mean('bm25'):.4f}); the default "
+           f"ranked {sum(r['method'] != 'given-order' for r in rows)} of {len(rows)} lists calibrated.", ""]
+          if "check_drift" not in result else
+          [f"Readings A and B are the older check's saved ones; C and D were read here the same way (A of the first list "
+           f"read again differs from the saved one by at most {result['check_drift']:.2e} in log-probability).", ""]),
         f"**Replayed in {orders} random query orders** (the saved readings): " +
         ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())) + f" — \"reads\" in {100 * reads / orders:.1f} %.", "",
         "| qid | query | score | e after | method | nDCG@10 | BM25 |", "|---|---|---:|---:|---|---:|---:|",
@@ -120,10 +175,11 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE")
     ap.add_argument("--orders", type=int, default=500)
     ap.add_argument("--readings", help="replay the readings saved in this JSON instead of ranking")
+    ap.add_argument("--complete", help="complete the older check's saved readings (A, B) with C and D (docstring)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     command = "python benchmarks/real_decision.py " + " ".join(sys.argv[1:])
-    result = json.loads(pathlib.Path(a.readings).read_text()) if a.readings else run(a)
+    result = (json.loads(pathlib.Path(a.readings).read_text()) if a.readings else complete(a) if a.complete else run(a))
     readings = [Reading(tuple(tuple(s) for s in r["reading"]["slots"]), tuple(r["reading"]["empty"]) or None)
                 for r in result["rows"]]
     verdicts = replay(readings, a.orders)
