@@ -239,14 +239,10 @@ def test_finding_5_a_rewritten_decision_file_is_read_again_and_async_rankings_do
 
     endpoint = simulated_endpoint(data, s=2.0, seed=1)
     fresh = endpoint.reranker()  # readings in the background
-
-    async def one():
-        ranking = await fresh.arerank(*data[0][:2])
-        return ranking, completions(endpoint)
-
-    ranking, during = asyncio.run(one())
-    assert ranking.kept_given_order and ranking.usage.requests <= 12  # probe and tokenize: nothing decoded
-    assert during == 0 or ranking.usage.requests < 12
+    fresh.capabilities()
+    ranking = asyncio.run(fresh.arerank(*data[0][:2]))
+    # returned without waiting for its readings: one /tokenize (fitting the passages), no prompt read or decoded
+    assert ranking.kept_given_order and ranking.usage.requests == 1 and ranking.usage.prompt_tokens == 0
 
 
 def test_finding_9_a_non_reader_pays_nothing_in_quality_while_deciding():
@@ -397,3 +393,37 @@ def test_the_default_calibrates_a_model_that_reads_despite_slot_effects():
     rankings = rank_until_decided(rr, data)
     assert rr.content_decision().reads and len(rankings) <= 10
     assert not any(rr.rerank(q, p).kept_given_order for q, p, _ in data[len(rankings):])
+
+
+def _idle(rr, seconds=10.0):
+    """Wait until no content-check reading of ``rr`` is in flight."""
+    deadline = time.monotonic() + seconds
+    while any(c._busy for c in rr._state.content.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_readings_survive_asyncio_run_per_query_and_stay_on_the_loop_for_async_only_transports():
+    from capcal_integrations import CapCalReranker
+
+    data = lists(20)
+    endpoint = simulated_endpoint(data, s=2.0, seed=0)
+    rr = endpoint.reranker()  # a sync transport too: readings in a thread, which outlives each asyncio.run
+    for q, p, _ in data:
+        asyncio.run(rr.arerank(q, p))
+        _idle(rr)
+        if rr.content_decision() is not None:
+            break
+    assert rr.content_decision() is not None and rr.content_decision().reads
+    only = CapCalReranker(base_url=endpoint.base_url, api_key="testbed", max_retries=0,
+                          async_http_client=endpoint.async_http_client)  # nothing to send sync requests through
+
+    async def rank_all():
+        for q, p, _ in data:
+            await only.arerank(q, p)
+            while only._tasks:  # the reading's task on this loop
+                await asyncio.sleep(0.01)
+            if only.content_decision() is not None:
+                return
+
+    asyncio.run(rank_all())
+    assert only.content_decision() is not None and only.content_decision().reads
