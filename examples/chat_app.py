@@ -6,6 +6,8 @@ retrieves candidates, CapCal reranks them, and the chat model answers from the t
     python examples/chat_app.py --hosted             # the local model shown as a hosted chat-only API
     python examples/chat_app.py --conversation       # eight scripted turns, then the reranking's p50/p95
     python examples/chat_app.py --deadline 2         # each reranking answers within 2 s (partial if need be)
+    python examples/chat_app.py --decision d.json    # a content-check decision taken before (no deciding turns)
+    python examples/chat_app.py --guard none         # calibrate every turn, whatever the content check would say
 
 The endpoint is $CAPCAL_BASE_URL (any OpenAI-compatible API with log-probabilities: a vLLM or
 llama.cpp server, or a hosted one with $OPENAI_API_KEY) and $CAPCAL_MODEL; without it this starts
@@ -43,6 +45,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_openai import ChatOpenAI
 from langchain_retriever import DATA, BM25Retriever, served_model, snippet  # the example beside this one
 
+from capcal_integrations.options import Options
 from capcal_integrations.server import EmbeddedServer, HostedGateway
 from langchain_ext import CapCalRerank
 
@@ -84,12 +87,12 @@ class RerankCost(BaseCallbackHandler):
 
 
 def chat(base_url: str, turns: list[str] | None, candidates: int, top_n: int, max_tokens: int,
-         deadline: float | None = None) -> None:
+         deadline: float | None = None, **options: object) -> None:
     documents = [Document(page_content=row["text"], id=row["docid"])
                  for row in map(json.loads, DATA.open(encoding="utf-8"))]
     llm = ChatOpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
                      model=served_model(base_url), max_tokens=max_tokens, temperature=0)
-    reranker = CapCalRerank.from_llm(llm, top_n=top_n, deadline=deadline)  # method="auto"; depth follows top_n
+    reranker = CapCalRerank.from_llm(llm, top_n=top_n, deadline=deadline, **options)  # method auto; depth follows top_n
     retriever = ContextualCompressionRetriever(base_compressor=reranker,
                                                base_retriever=BM25Retriever(documents=documents, k=candidates))
     chain = create_retrieval_chain(create_history_aware_retriever(llm, retriever, CONDENSE),
@@ -120,8 +123,10 @@ def _cost(summary: dict) -> str:
     """One turn's reranking: ``0.84 s, 4 requests, 2345 prompt + 8 completion tokens (1200 cached), ...``."""
     usage, decoded, n = summary["usage"], summary["decoded"], summary["passages"]
     places = f"{n} of {n}" if decoded is None else f"{decoded} of {n}"
-    outcome = ("kept in BM25 order (no content signal)" if summary["kept_given_order"]
-               else f"{places} places decoded{', cut by the deadline' if summary['partial'] else ''}")
+    deciding = any(n.startswith("content check deciding") for n in summary["notes"])
+    outcome = (f"kept in BM25 order ({'content check deciding, read in the background' if deciding else 'no content signal'})"
+               if summary["kept_given_order"] else
+               f"{places} places decoded{', cut by the deadline' if summary['partial'] else ''}")
     return (f"{summary['seconds']:.2f} s, {usage['requests']} requests, {usage['prompt_tokens']} prompt + "
             f"{usage['completion_tokens']} completion tokens ({usage['cached_tokens']} cached), {outcome}")
 
@@ -157,7 +162,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="answer length (default 64)")
     parser.add_argument("--conversation", action="store_true", help="eight scripted turns (p50/p95 at the end)")
     parser.add_argument("--deadline", type=float, default=None, help="seconds each reranking may take (default: none)")
+    parser.add_argument("--guard", default="content", help="the content check (default), a z-score, or none: calibrate "
+                        "every turn")
+    parser.add_argument("--decision", default=None, help="a saved content-check decision (its JSON file)")
     args = parser.parse_args()
+    options = {"guard": Options.parse("guard", args.guard), **({"decision": args.decision} if args.decision else {})}
     with contextlib.ExitStack() as stack:
         base_url = os.environ.get("CAPCAL_BASE_URL")
         if not base_url:
@@ -167,7 +176,7 @@ def main() -> None:
                 base_url = stack.enter_context(HostedGateway(base_url, "chat")).base_url
                 print(f"hosted-API gateway at {base_url}: chat completions only, top_logprobs <= 20", flush=True)
         turns = None if args.interactive else CONVERSATION if args.conversation else args.turns
-        chat(base_url, turns, args.candidates, args.top_n, args.max_tokens, args.deadline)
+        chat(base_url, turns, args.candidates, args.top_n, args.max_tokens, args.deadline, **options)
 
 
 if __name__ == "__main__":
