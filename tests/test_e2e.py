@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def rr(server_url):
-    return CapCalReranker(base_url=server_url)
+    return CapCalReranker(base_url=server_url, guard=None)  # the decoding; the content check is tests/test_content_check.py
 
 
 def test_probe_finds_the_exact_cheap_path(rr):

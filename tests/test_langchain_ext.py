@@ -225,7 +225,7 @@ async def test_contextual_compression_retriever_async_is_native(core, bm25):
 
 @pytest.mark.e2e
 def test_as_runnable_step_in_a_chain(server_url, test_model, bm25):
-    compressor = CapCalRerank(base_url=server_url, model=test_model, probability="trie", top_n=None)
+    compressor = CapCalRerank(base_url=server_url, model=test_model, probability="trie", top_n=None, guard=None)
     chain = RunnablePassthrough.assign(context=itemgetter("question") | bm25) | RunnablePassthrough.assign(
         context=compressor.as_runnable(query_key="question", documents_key="context"))
     result = chain.invoke({"question": QUERY})

@@ -304,7 +304,7 @@ async def test_query_engine_async_is_native(core, retriever, events):
 
 @pytest.mark.e2e
 def test_all_nodes_reordered_and_input_untouched(server_url, test_model, retriever):
-    rerank = CapCalRerank(base_url=server_url, model=test_model, probability="trie", top_n=None)
+    rerank = CapCalRerank(base_url=server_url, model=test_model, probability="trie", top_n=None, guard=None)
     retrieved = retriever.retrieve(QUERY)
     given = _scored([n.node.text for n in retrieved], [n.score for n in retrieved], source="web")
     before = [n.model_dump() for n in given]

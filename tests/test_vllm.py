@@ -32,7 +32,7 @@ def sent():
 @pytest.fixture(scope="module")
 def rr(vllm_url, sent):
     http = httpx2.Client(event_hooks={"request": [sent.append]}, timeout=600)
-    return CapCalReranker(client=openai.OpenAI(base_url=vllm_url, api_key="x", http_client=http, max_retries=0))
+    return CapCalReranker(client=openai.OpenAI(base_url=vllm_url, api_key="x", http_client=http, max_retries=0), guard=None)
 
 
 def test_probe_finds_token_id_prompt_lists_and_exact_token_logprobs(rr):
