@@ -36,5 +36,5 @@ def test_a_plain_import_loads_the_core_alone():
     # the core, and nothing else: a new core module is added here on purpose (ARCHITECTURE.md draws them)
     core = {"", "answers", "caches", "calibration", "client", "content_check", "contrast", "deadline", "decoding",
             "depth", "drivers", "errors", "fitting", "labels", "options", "orders", "probe", "prompts", "protocol",
-            "reranker", "routing", "slots", "strategies", "textlabels", "tuning", "types", "untrusted"}
+            "redaction", "reranker", "routing", "slots", "strategies", "textlabels", "tuning", "types", "untrusted"}
     assert set(ours) == {"capcal_integrations" + (f".{m}" if m else "") for m in core}, ours
