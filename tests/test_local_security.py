@@ -468,6 +468,24 @@ def test_capcal_serve_requires_its_key_records_it_and_is_found(port, tmp_path):
     assert not state.exists()  # removed on the way out
 
 
+def test_the_hosted_demo_server_and_its_gateway_require_a_key(started):
+    """``capcal demo --hosted`` (launcher.endpoint(hosted=True)): the embedded server is started with a fresh key,
+    the gateway in front of it requires the same key, and the ambient OPENAI_API_KEY is sent nowhere."""
+
+    with launcher.endpoint(None, hosted=True) as found:
+        [server] = started
+        assert server.key and found.api_key == server.key and found.api_key != AMBIENT
+        assert _status(found.base_url + "/models")[0] == 401
+        assert _status(found.base_url + "/models", "wrong")[0] == 401
+        assert _status(found.base_url + "/models", found.api_key)[0] == 200
+        answer = httpx2.post(found.base_url + "/chat/completions", headers={"Authorization": f"Bearer {found.api_key}"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert answer.status_code == 200, answer.text
+    upstream = [s for s in server.fake.seen if s.path != "/health"]
+    assert upstream and all(s.auth == f"Bearer {server.key}" for s in upstream)
+    assert AMBIENT not in server.fake.everything()
+
+
 # --------------------------------------------------------------------------- stopping a child (issue 16, item 11)
 
 
