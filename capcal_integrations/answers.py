@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ResponseError
 from .types import Usage
 
-__all__ = ["LOGPROB_FLOOR", "malformed", "excerpt", "usage_of", "parse_tokens", "top_entries", "choices_of",
+__all__ = ["LOGPROB_FLOOR", "MAX_ALTERNATIVES", "malformed", "excerpt", "usage_of", "parse_tokens", "top_entries", "choices_of",
            "first_choice", "template_of", "completion_alternatives", "generated", "Entry", "Alternatives",
            "Generated"]
 
+#: The most alternatives read at one position (the library asks for at most 1000; llama.cpp answers as many).
+MAX_ALTERNATIVES = 4096
 #: The lowest log-probability kept (exp(-1e4) is 0.0 in floating point).
 LOGPROB_FLOOR = -1e4
 _ROUNDING = 1e-3
@@ -38,15 +41,20 @@ Generated = tuple[tuple[str, Alternatives], ...]  # per generated position: the 
 
 
 def excerpt(body: Any, limit: int = 160) -> str:
-    """A short JSON rendering of ``body`` for error messages.
+    """A short JSON rendering of ``body`` for error messages; only as much of it is rendered as is shown
+    (an answer may be megabytes).
 
     >>> excerpt({"choices": "x" * 300}, 30)
     '{"choices": "xxxxxxxxxxxxxxxxx…'
     """
+    text = ""
     try:
-        text = json.dumps(body, ensure_ascii=False, default=repr)
+        for piece in json.JSONEncoder(ensure_ascii=False, default=repr).iterencode(body):
+            text += piece
+            if len(text) > limit:
+                break
     except (TypeError, ValueError, RecursionError):
-        text = repr(body)
+        text = reprlib.repr(body)
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -168,7 +176,7 @@ def top_entries(choice: Any) -> list[Entry]:
     legacy = lp.get("top_logprobs")
     if legacy is None or not _list(legacy, "'logprobs.top_logprobs'", choice) or legacy[0] is None:
         return []
-    first = _object(legacy[0], "'logprobs.top_logprobs[0]'", choice)
+    first = _bounded(_object(legacy[0], "'logprobs.top_logprobs[0]'", choice), choice)
     return [(_token_id(_text(piece, "a 'top_logprobs' key", choice)), piece,
              logprob(value, f"the logprob of {piece!r}", choice)) for piece, value in first.items() if value is not None]
 
@@ -180,7 +188,7 @@ def position_entries(position: Any, body: Any) -> list[Entry]:
     if tops is None:
         return []
     out = []
-    for e in _list(tops, "a position's 'top_logprobs'", body):
+    for e in _bounded(_list(tops, "a position's 'top_logprobs'", body), body):
         e = _object(e, "a 'top_logprobs' entry", body)
         if e.get("logprob") is None:
             continue
@@ -189,6 +197,14 @@ def position_entries(position: Any, body: Any) -> list[Entry]:
                     _text(e.get("token", ""), "a 'top_logprobs' entry's 'token'", body),
                     logprob(e["logprob"], "a 'top_logprobs' entry's 'logprob'", body)))
     return out
+
+
+def _bounded(alternatives: Any, body: Any) -> Any:
+    """``alternatives`` of one position, refused when there are more than :data:`MAX_ALTERNATIVES`."""
+    if len(alternatives) > MAX_ALTERNATIVES:
+        raise ResponseError(f"malformed answer from the endpoint: {len(alternatives)} alternatives at one position, "
+                            f"above the bound of {MAX_ALTERNATIVES} (MAX_ALTERNATIVES); got {excerpt(body)}", body=None)
+    return alternatives
 
 
 def _text(value: Any, what: str, body: Any) -> str:

@@ -10,9 +10,17 @@ and ranks its share of the lists a few at a time with ``arerank``.
 Results are written as they come, by the driver alone, one JSON line per list (a ``write`` of a whole
 line, flushed and synced), so a run that is stopped, however hard, leaves finished lines and at most
 one torn last line. Run again with the same output, it drops the torn line, skips every list the
-output already holds and ranks only the rest: none is ranked twice into the file, none is lost. A
-list that fails stops the run (its error is raised; nothing is turned into a score), and a new run
-resumes after the lists that finished.
+output already holds and ranks only the rest: none is ranked twice into the file, none is lost. A list
+is known by its identity, never by its line number: its ``qid``, else a hash of its query and passages
+(:func:`list_hash`), both written in its output line. An input that changed under the output (a list
+the output holds is gone, or a ``qid``'s list is not the one ranked) is refused with an
+:class:`~.errors.InputError`: resuming would mix two inputs. A list that fails stops the run (its error
+is raised; nothing is turned into a score), and a new run resumes after the lists that finished.
+
+The API key never goes to Ray as an argument (Ray keeps actor arguments in its task metadata): the driver
+writes it to a file only this user can read (0600, in a 0700 folder), the workers read it from there, and
+the file is deleted when the run ends. On a multi-node cluster, where the workers cannot read the driver's
+files, give the key in the cluster's environment (``OPENAI_API_KEY``) and pass no ``api_key``.
 
 The content check (``guard="content"``, the default) is decided once for the whole run: the first lists
 go to one worker alone until it has decided, its decision is handed to every other worker and saved beside
@@ -24,21 +32,26 @@ when a run starts, and ``import capcal_integrations`` never imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .batchfile import finished, identities, list_hash, pending, read_rows, record, rows_of
 from .content_check import CAP
 from .errors import InputError, MissingExtra
 from .options import Options
 from .reranker import CapCalReranker
 from .types import Ranking
 
-__all__ = ["rerank_batch", "read_rows", "finished", "record", "worker_options", "decision_path", "BatchResult"]
+__all__ = ["rerank_batch", "read_rows", "finished", "pending", "identities", "list_hash", "record", "worker_options",
+           "decision_path", "BatchResult"]
 
 log = logging.getLogger(__name__)
 
@@ -50,87 +63,6 @@ class BatchResult:
     ranked: int
     skipped: int
     output: Path
-
-
-def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The lists of a JSONL file, one ``{"query": ..., "passages": [...]}`` (``candidates`` also
-    accepted, an optional ``qid``) per non-empty line; each gets ``line``, its 0-based line number."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except ValueError as err:
-                    raise InputError(f"{path}:{number + 1}: not a JSON line ({err})") from None
-                rows.append(_checked_row(row, f"{path}:{number + 1}", number))
-    return rows
-
-
-def _checked_row(row: Any, where: str, line: int) -> dict[str, Any]:
-    if not isinstance(row, Mapping):
-        raise InputError(f"{where}: expected a JSON object with 'query' and 'passages'")
-    row = dict(row)
-    row.setdefault("passages", row.get("candidates"))
-    if not isinstance(row.get("query"), str) or not isinstance(row.get("passages"), (list, tuple)):
-        raise InputError(f"{where}: every list needs 'query' (text) and 'passages' (a list)")
-    row["passages"] = list(row["passages"])
-    row.setdefault("line", line)
-    return row
-
-
-def _key(row: Mapping[str, Any]) -> tuple[str, Any]:
-    """What identifies a list across runs: its ``qid`` when it has one, else its input line."""
-    return ("qid", row["qid"]) if "qid" in row else ("line", row["line"])
-
-
-def record(row: Mapping[str, Any], ranking: Ranking, top_n: int | None = None) -> dict[str, Any]:
-    """The output line of one list (the shape ``capcal rerank`` writes, plus ``line``)."""
-    ranked = [{"index": i, "score": ranking.scores[i], "passage": row["passages"][i]} for i in ranking.order]
-    out = {"query": row["query"], "method": ranking.method, "order": list(ranking.order),
-           "ranked": ranked[:top_n] if top_n else ranked, "requests": ranking.usage.requests,
-           "upper_bounds": ranking.upper_bounds, "line": row["line"]}
-    if ranking.notes:
-        out["notes"] = list(ranking.notes)
-    if "qid" in row:
-        out["qid"] = row["qid"]
-    return out
-
-
-def finished(output: str | os.PathLike[str]) -> set[tuple[str, Any]]:
-    """The lists ``output`` already holds. A torn last line (a run stopped mid-write) is cut off the
-    file, so that the next line starts clean; any other unreadable line is an :class:`InputError`."""
-    path = Path(output)
-    if not path.exists():
-        return set()
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        log.warning("batch: %s ends in a torn line (%d bytes): cut off, its list is ranked again", path, len(data) - end)
-        with open(path, "r+b") as f:
-            f.truncate(end)
-    done = set()
-    for number, line in enumerate(data[:end].decode("utf-8").splitlines()):
-        try:
-            row = json.loads(line)
-            done.add(("qid", row["qid"]) if "qid" in row else ("line", row["line"]))
-        except (ValueError, KeyError, TypeError):
-            raise InputError(f"{path}:{number + 1} is not a line this batch wrote; give another --output") from None
-    return done
-
-
-def _rows(source: Any) -> list[dict[str, Any]]:
-    """The lists of a JSONL path, a Ray Dataset (``iter_rows``) or an iterable of mappings, in order.
-    A Dataset's rows need a ``qid``: Ray Data does not promise an order, so a row number would not
-    name the same list in the next run."""
-    if isinstance(source, (str, os.PathLike)):
-        return read_rows(source)
-    dataset = hasattr(source, "iter_rows")
-    rows = [_checked_row(row, f"row {k}", k) for k, row in enumerate(source.iter_rows() if dataset else source)]
-    if dataset and not all("qid" in row for row in rows):
-        raise InputError("every row of a Ray Dataset needs a 'qid' (its order may change between runs, so a row "
-                         "number could not say which lists a resumed run has done)")
-    return rows
 
 
 def worker_options(endpoints: Sequence[str], workers: int, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,20 +104,50 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
         options, deciding = {**options, "decision": str(saved)}, False
     if deciding:  # a batch waits for the check's readings: every list after the decision is ranked by it
         options = {"check_wait": True, **options}
-    rows = _rows(source)
-    keys = [_key(row) for row in rows]
-    if len(set(keys)) < len(keys):
-        raise InputError("two lists share a qid (or a line): a resumed run could not tell them apart")
-    done = finished(output)
-    pending = [row for row, key in zip(rows, keys) if key not in done]
-    skipped = len(rows) - len(pending)
+    rows = rows_of(source)
+    for row, key in zip(rows, identities(rows)):
+        if key[0] == "list" and key[2]:
+            row["copy"] = key[2]
+    todo = pending(rows, finished(output))
+    skipped = len(rows) - len(todo)
     if skipped:
-        log.info("batch: %d of %d lists already in %s; ranking the other %d", skipped, len(rows), output, len(pending))
-    if pending:
-        _run(pending, Path(output), [endpoints[k % len(endpoints)] for k in range(workers)], lists_per_worker,
-             dict(api_key=api_key, model=model, **options), top_n, progress, total=len(rows), skipped=skipped,
-             deciding=deciding)
-    return BatchResult(len(pending), skipped, Path(output))
+        log.info("batch: %d of %d lists already in %s; ranking the other %d", skipped, len(rows), output, len(todo))
+    if todo:
+        with _key_file(api_key) as key_file:
+            _run(todo, Path(output), [endpoints[k % len(endpoints)] for k in range(workers)], lists_per_worker,
+                 dict(model=model, **options), top_n, progress, total=len(rows), skipped=skipped, deciding=deciding,
+                 key_file=key_file)
+    return BatchResult(len(todo), skipped, Path(output))
+
+
+@contextlib.contextmanager
+def _key_file(api_key: str | None) -> Iterator[str | None]:
+    """The path of a file holding ``api_key`` that only this user can read (0600 in a 0700 folder), deleted
+    on exit; ``None`` without a key (the workers' ``OPENAI_API_KEY`` then applies, as for any client)."""
+    if api_key is None:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="capcal-batch-")  # 0700
+    path = os.path.join(folder, "api_key")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(api_key)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_key(path: str | None) -> str | None:
+    """A worker's API key, from the driver's key file (:func:`_key_file`); ``None`` without one."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise InputError(f"the batch's API key file is not readable on this node ({err.strerror}): on a multi-node "
+                         "cluster set OPENAI_API_KEY in the cluster's environment and pass no api_key") from None
 
 
 def decision_path(output: str | os.PathLike[str]) -> Path:
@@ -194,7 +156,8 @@ def decision_path(output: str | os.PathLike[str]) -> Path:
 
 
 def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int, settings: dict[str, Any],
-         top_n: int | None, progress: bool, *, total: int, skipped: int, deciding: bool = False) -> None:
+         top_n: int | None, progress: bool, *, total: int, skipped: int, deciding: bool = False,
+         key_file: str | None = None) -> None:
     try:
         import ray
     except ImportError:
@@ -203,7 +166,7 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
 
     if not ray.is_initialized():
         ray.init()
-    actors = [_worker_class(ray).remote(url, settings) for url in urls]
+    actors = [_worker_class(ray).remote(url, settings, key_file) for url in urls]  # the key's path, never the key
     lists = int(settings.get("check_lists", CAP))
     first = rows[:lists] if deciding and len(actors) > 1 else []  # to one worker, until it has decided
     rest = rows[len(first):]
@@ -277,8 +240,8 @@ def _worker_class(ray: Any) -> Any:
     if _WORKER is None:
         @ray.remote(num_cpus=0, max_concurrency=64)
         class Worker:
-            def __init__(self, base_url: str, settings: dict[str, Any]) -> None:
-                self.reranker = CapCalReranker(base_url=base_url, **settings)
+            def __init__(self, base_url: str, settings: dict[str, Any], key_file: str | None = None) -> None:
+                self.reranker = CapCalReranker(base_url=base_url, api_key=read_key(key_file), **settings)
 
             async def rank(self, query: str, passages: Iterable[Any]) -> Ranking:
                 return await self.reranker.arerank(query, list(passages))

@@ -10,11 +10,12 @@ Nothing is left running behind an error: when one request of an async batch fail
 cancelled and awaited before the error reaches the flow (whose ``finally`` then releases the slot pins
 of the batch), and a flow the driver leaves early (cancelled, or an error it does not catch) is closed.
 
-With a ``deadline`` (seconds, :mod:`.deadline`), each request is bounded by the time left (the sync driver
-sends it as the request's timeout; the async driver also cancels the batch), with the client's retries
-off; when it passes, the requests in flight are abandoned (their connections closed, which makes
-llama.cpp and vLLM stop them) and :class:`~.deadline.DeadlinePassed` is thrown into the flow, which
-returns what it has decided.
+Each answer is read by :mod:`.transfer`: at most :data:`~.transfer.MAX_BODY` bytes. With a ``deadline``
+(seconds, :mod:`.deadline`), each request is bounded by the wall clock, whatever the server's pacing (the
+sync driver waits for its exchange, run in a worker thread, at most the time left, which is also each
+read's timeout; the async driver cancels the batch), with the client's retries off; when it passes, the
+requests in flight are abandoned (their connections closed, which makes llama.cpp and vLLM stop them)
+and :class:`~.deadline.DeadlinePassed` is thrown into the flow, which returns what it has decided.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 
 import openai
 
+from . import transfer
 from .answers import excerpt, usage_of
 from .deadline import Deadline, DeadlinePassed
 from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError
@@ -74,19 +76,25 @@ def _request(call: Call, route: ListRoute | None) -> tuple[dict[str, Any], dict[
 
 def _send_sync(client: Any, call: Call, route: ListRoute | None = None, deadline: Deadline | None = None) -> Any:
     body, options = _request(call, route)
-    if deadline is not None:  # the time left is the request's timeout (or the client's, if shorter)
+    where, wait = f"{call.method} {call.path}", None
+    if deadline is not None:  # each read bounded by the time left (or the client's timeout, if shorter) ...
         options = {**options, **deadline.request_options()}  # nothing is sent once it is gone
         own = getattr(client, "timeout", None)
         if isinstance(own, (int, float)) and not isinstance(own, bool) and own < options["timeout"]:
             options["timeout"] = own
+        wait = deadline.left()  # ... and the whole exchange by the wall clock (transfer.send)
     try:
-        if call.method == "GET":
-            return _checked(client.get(_url(client, call), cast_to=object, options=options), call)
-        return _checked(client.post(_url(client, call), cast_to=object, body=body, options=options), call)
+        return _checked(transfer.send(client, call.method, _url(client, call), body, options, where, wait), call)
+    except transfer.Stopped as err:
+        raise DeadlinePassed(abandoned=1) from err
     except openai.APITimeoutError as err:
         if deadline is not None and deadline.left() <= 0:  # cut off by the deadline (the connection is closed)
             raise DeadlinePassed(abandoned=1) from err
         raise _typed(err, call) from err
+    except EndpointTimeout as err:
+        if deadline is not None and deadline.left() <= 0:
+            raise DeadlinePassed(abandoned=1) from err
+        raise
     except (openai.OpenAIError, ValueError) as err:
         raise _typed(err, call) from err
 
@@ -98,9 +106,8 @@ async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore, route: 
         options = {**options, "max_retries": 0}
     async with limit:
         try:
-            if call.method == "GET":
-                return _checked(await client.get(_url(client, call), cast_to=object, options=options), call)
-            return _checked(await client.post(_url(client, call), cast_to=object, body=body, options=options), call)
+            return _checked(await transfer.asend(client, call.method, _url(client, call), body, options,
+                                                 f"{call.method} {call.path}"), call)
         except (openai.OpenAIError, ValueError) as err:
             raise _typed(err, call) from err
 

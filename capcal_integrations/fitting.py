@@ -1,21 +1,23 @@
 """What the prompt shows of each passage: cleaned, and cut so that the widest window fits the context.
 
 Untrusted text is cleaned of identifier look-alikes (:func:`~.prompts.clean_passage`; the ``release``
-preset sends it as the authors' code does), then cut by characters (at a space where there is one
+preset sends them verbatim, as the authors' code does), then cut by characters (at a space where there is one
 near the cut, so text without spaces, CJK or base64, is cut as well as prose) until the prompt of the
-longest passages fits the context. Every cut is said in the ranking's notes.
+longest passages fits the context. Every cut is said in the ranking's notes, and so is every passage whose
+text the model reads rewritten (look-alikes, control-token text: :func:`rewritten_notes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .controls import learn_controls
 from .errors import InputError
 from .options import Options
-from .prompts import clean_passage, labels, passage_text, render_prompt
+from .prompts import clean_passage, declared_tokens, labels, passage_text, render_prompt
 from .protocol import EndpointState, Flow, text_messages, tokenize
 from .types import Document
-from .untrusted import Prompt, clean_text
+from .untrusted import Prompt, clean_text, neutralise
 
 __all__ = ["fit", "cleaned"]
 
@@ -29,9 +31,11 @@ def fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Document
     n, context = len(docs), opts.max_context or caps.context or 4096
     width = min(opts.window, n)
     budget = context - (6 * width + 64)  # room for the chat template and a full ranking
-    whole = [cleaned(opts, passage_text(d, "release" if opts.preset == "release" else "rankgpt")) for d in docs]
+    given = [passage_text(d, "release" if opts.preset == "release" else "rankgpt") for d in docs]
+    whole = [cleaned(opts, t) for t in given]
     texts = [clean_passage(t, opts.max_passage_words) for t in whole] if opts.max_passage_words else list(whole)
-    notes = []
+    yield from learn_controls(state)  # vLLM: the control tokens of the served tokenizer, before anything is counted
+    notes = rewritten_notes(opts, state.declared + declared_tokens(opts.prompt), query, given, whole)
     if cut := sum(a != b for a, b in zip(whole, texts)):
         notes.append(f"{cut} of {n} passages cut to max_passage_words={opts.max_passage_words} words")
     words_cut, ids, overhead = list(texts), labels(width, opts.labels), None
@@ -52,6 +56,31 @@ def fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Document
         texts = [_cut(t, chars) for t in texts]
     raise InputError(f"the query and {width} passages do not fit a {context}-token context (the prompt without "
                      f"passages takes {overhead} tokens); shorten the query, lower window or raise max_context")
+
+
+def rewritten_notes(opts: Options, declared: Sequence[str], query: str, given: Sequence[str], shown: Sequence[str]
+                    ) -> list[str]:
+    """The note counting the passages whose text the model reads otherwise than it was given (beyond the
+    whitespace collapsed by cleaning and the cuts, which have their own notes): identifier look-alikes written
+    in parentheses (:func:`~.prompts.defuse_identifiers`) or control-token text defused
+    (:func:`~.untrusted.neutralise`, with this endpoint's ``declared`` tokens); and one for the query.
+
+    >>> from capcal_integrations.options import Options
+    >>> given = ["a [1][2] citation", "plain text", "<s>strike</s>", "x <|im_end|>"]
+    >>> [note] = rewritten_notes(Options(), (), "q", given, [cleaned(Options(), t) for t in given])
+    >>> note.split(" (")[0]
+    '3 of 4 passages were sent with identifier look-alikes or control-token text rewritten'
+
+    """
+    def plain(text: str) -> str:
+        return clean_text(text) if opts.preset == "release" else " ".join(clean_text(text).split())
+
+    count = sum(neutralise(s, declared) != plain(g) for g, s in zip(given, shown))
+    notes = [f"{count} of {len(given)} passages were sent with identifier look-alikes or control-token text rewritten "
+             "(the documents returned are the originals)"] if count else []
+    if neutralise(query, declared) != query:
+        notes.append("the query was sent with control-token text rewritten")
+    return notes
 
 
 def cleaned(opts: Options, text: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .answers import first_choice, malformed, parse_tokens, top_entries
+from .answers import excerpt, first_choice, malformed, parse_tokens, top_entries
 from .errors import CapabilityError, EndpointError, ResponseError
 from .protocol import Call, EndpointState, Flow, chat_messages, template_call, tokenize_call
 from .types import Capabilities
@@ -69,9 +69,30 @@ def _entries(choice: Any) -> list:
     return _readable(top_entries, choice) or []
 
 
-def _count(value: Any) -> int | None:
-    """A positive integer an optional field reports (a context size, a slot count), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+#: The largest values an endpoint may report (:func:`_count`): above them a report is not believed.
+MAX_SLOTS = 4096
+MAX_CONTEXT = 2**24  # tokens (16.8 M: ten times the longest context served today)
+MAX_TOP_LIMIT = 100_000
+
+
+def _count(value: Any, what: str = "", bound: int | None = None, body: Any = None) -> int | None:
+    """A positive integer an optional field reports (a context size, a slot count), else None; a
+    :class:`~.errors.ResponseError` naming the ``bound`` when it is above it.
+
+    >>> _count(8), _count("8"), _count(0)
+    (8, None, None)
+    >>> _count(10**12, "total_slots", MAX_SLOTS)
+    Traceback (most recent call last):
+    ...
+    capcal_integrations.errors.ResponseError: the endpoint reports total_slots = 1000000000000, above the bound of 4096
+    """
+    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return None
+    if bound is not None and value > bound:
+        shown = str(value) if value < 10**30 else f"a {len(str(value))}-digit number"
+        raise ResponseError(f"the endpoint reports {what} = {shown}, above the bound of {bound}",
+                            body=excerpt(body))
+    return value
 
 
 @dataclass(frozen=True)
@@ -113,8 +134,9 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
     props = props if isinstance(props, Mapping) else {}
     settings = props.get("default_generation_settings")
     mine = [m for m in entries if m.get("id") == model] or entries  # vLLM, OpenRouter and Together list the context
-    context = (_count(settings.get("n_ctx")) if isinstance(settings, Mapping) else None) or next(
-        (m[k] for m in mine for k in ("max_model_len", "context_length") if _count(m.get(k))), None)
+    context = (_count(settings.get("n_ctx"), "n_ctx", MAX_CONTEXT, props) if isinstance(settings, Mapping) else None
+               ) or next((m[k] for m in mine for k in ("max_model_len", "context_length")
+                          if _count(m.get(k), k, MAX_CONTEXT, m)), None)
 
     chat = yield from _probe_chat(model, 100 if server else 20)
     lists = (yield from _probe_completions(model, tokenize)) if chat.logprobs else Completions()
@@ -127,8 +149,8 @@ def probe(model: str | None = None) -> Flow[Capabilities]:
         transport=lists.transport or ("chat" if chat.prefill else ""), chat_extra=dict(chat.extra),
         tokenize=tokenize, template=bool(lists.transport), prompt_lists=bool(lists.transport) or text_lists,
         logprob_token_ids=lists.logprob_token_ids, context=context, server=server,
-        slots=_count(props.get("total_slots")) or 0, text_completions=text, chat=chat.answers,
-        weights=fingerprint(props, mine))
+        slots=_count(props.get("total_slots"), "total_slots", MAX_SLOTS, props) or 0, text_completions=text,
+        chat=chat.answers, weights=fingerprint(props, mine))
     log.info("probed endpoint: %s", caps)
     return caps
 
@@ -237,8 +259,8 @@ def _top_limit(model: str, ids: list[int]) -> Flow[int]:
     except EndpointError as err:
         if err.status not in _UNSUPPORTED:
             raise
-        found = re.search(r"max allowed: (\d+)", str(err.body))
-        return int(found.group(1)) if found else 20
+        found = re.search(r"max allowed: (\d{1,30})\b", excerpt(err.body, 2000))
+        return _count(int(found.group(1)), "a top-k limit", MAX_TOP_LIMIT, err.body) or 20 if found else 20
     return 1000
 
 

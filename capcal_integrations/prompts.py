@@ -11,6 +11,7 @@ import json
 import pathlib
 import re
 import string
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,8 @@ from .types import Document
 from .untrusted import Prompt, clean_text, marker
 
 __all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",
-           "RELEASE_PLACEHOLDER", "labels", "clean_passage", "render", "render_prompt", "raw_text", "PROMPT_FORMATS",
+           "RELEASE_PLACEHOLDER", "labels", "clean_passage",
+           "defuse_identifiers", "render", "render_prompt", "raw_text", "PROMPT_FORMATS",
            "prompt_text", "declared_tokens"]
 
 #: The content-free passage of the reference release's configuration (``ExpConfig``).
@@ -123,10 +125,14 @@ def resolve_template(template: PromptTemplate | str) -> PromptTemplate:
         raise InputError(f"unknown template {template!r}; choose one of {', '.join(TEMPLATES)} or pass a PromptTemplate")
     return TEMPLATES[template]
 
-#: Anything a reader could take for an identifier: ``[12]``, ``[ 7 ]``, ``[7 ]``, ``[1000]``, full-width
-#: ``［7］`` and CJK brackets ``【7】``; digits in any script.
-_IDENTIFIER_LIKE = re.compile(r"[\[［【〔〖]\s*(\d{1,6}|[A-Za-zＡ-Ｚａ-ｚ])\s*[\]］】〕〗]")
-
+#: Brackets a reader (or a tokenizer after NFKC) could take for an identifier's: ASCII, full-width, CJK
+#: lenticular and tortoise-shell, white square, vertical and small presentation forms, quill and tick forms.
+_OPENING = "[［【〔〖〘〚⟦⟬⦋⦍⦏⁅﹇﹝︹︻︗⸢⸤"
+_CLOSING = "]］】〕〗〙〛⟧⟭⦌⦎⦐⁆﹈﹞︺︼︘⸣⸥"
+#: A candidate: an opening bracket, a few characters (spaces, zero-width characters, digits of any form),
+#: a closing bracket; :func:`_identifier` decides whether it is one.
+_BRACKETED = re.compile(f"[{re.escape(_OPENING)}]([^{re.escape(_OPENING + _CLOSING)}\\n]{{1,24}})[{re.escape(_CLOSING)}]")
+_IDENTIFIER = re.compile(r"\d{1,6}|[A-Za-z]")
 
 def labels(n: int, style: str = "numeric") -> list[str]:
     """Identifiers for ``n`` passages: ``[1]``..``[n]`` or ``[A]``..; alphabetic allows at most 26.
@@ -143,21 +149,49 @@ def labels(n: int, style: str = "numeric") -> list[str]:
     raise InputError(f"unknown identifier style {style!r}; use 'numeric' or 'alpha'")
 
 
+def _identifier(inside: str) -> str | None:
+    """What the inside of a bracket reads as once normalised (NFKC; zero-width characters, combining marks and
+    spaces dropped; circled, superscript and other digit forms as ASCII digits), if that is an identifier.
+
+    >>> [_identifier(x) for x in ("7", " 7 ", "⑦", "⁷", "\\u200b7", "Ｂ", "❼", "a b", "12345678", "note")]
+    ['7', '7', '7', '7', '7', 'B', '7', None, None, None]
+    """
+    text = "".join(c for c in unicodedata.normalize("NFKC", inside)
+                   if unicodedata.category(c) not in ("Cf", "Mn", "Me", "Zs", "Zl", "Zp", "Cc") and not c.isspace())
+    text = "".join(str(unicodedata.digit(c)) if unicodedata.digit(c, None) is not None else c for c in text)
+    return text if _IDENTIFIER.fullmatch(text) else None
+
+
+def defuse_identifiers(text: str) -> str:
+    """``text`` with every identifier look-alike written in parentheses: ``[12]``, ``[ 7 ]``, ``［7］``,
+    ``【7】``, ``﹇7﹈``, ``⟦7⟧``, ``〚7〛``, ``[⑦]``, ``[⁷]``, ``[`` + zero-width space + ``7]`` all become ``(7)``
+    (as rank_llm does for the plain form), so that passage text cannot pose as an identifier. Nothing else changes.
+
+    >>> defuse_identifiers("see [3], ﹇7﹈, ⟦7⟧, 〚7〛, [⑦], [⁷], [\\u200b7] and [1][2]; keep [note] and [a b]")
+    'see (3), (7), (7), (7), (7), (7), (7) and (1)(2); keep [note] and [a b]'
+    """
+    def rewrite(m: re.Match[str]) -> str:
+        inside = _identifier(m.group(1))
+        return m.group(0) if inside is None else f"({inside})"
+
+    return _BRACKETED.sub(rewrite, text)
+
+
 def clean_passage(text: str, max_words: int | None) -> str:
     """Collapse whitespace, cut to ``max_words`` words, and neutralise look-alike identifiers
-    (``[12]``, ``[ 7 ]``, ``［7］`` become ``(12)``, ``(7)``, as rank_llm does) so that passage text cannot
-    pose as an identifier. Control tokens are not this function's business: untrusted text reaches the
-    model as plain-text token ids, or neutralised (:mod:`.untrusted`).
+    (:func:`defuse_identifiers`: ``[12]``, ``[ 7 ]``, ``［7］``, ``[⑦]`` become ``(12)``, ``(7)``, as rank_llm
+    does). Control tokens are not this function's business: untrusted text reaches the model as plain-text
+    token ids, or neutralised (:mod:`.untrusted`).
 
     >>> clean_passage("see  [3] and\\n[B] [ 7 ] > ［1］ [1000]", None)
     'see (3) and (B) (7) > (1) (1000)'
     >>> clean_passage("one two three", 2)
     'one two'
     """
-    words = clean_text(text).split()
+    words = clean_text(defuse_identifiers(text)).split()
     if max_words is not None:
         words = words[:max_words]
-    return _IDENTIFIER_LIKE.sub(r"(\1)", " ".join(words))
+    return defuse_identifiers(" ".join(words))
 
 
 def passage_text(doc: Document, style: str = "rankgpt") -> str:

@@ -28,7 +28,6 @@ probing is :mod:`.probe`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Generator, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -98,6 +97,7 @@ class EndpointState:
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
     templates: MutableMapping[Any, Any] = field(default_factory=TemplateCache)  # rendered skeletons, prompts as sent (text, ids)
     declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
+    controls: frozenset[int] | None = None  # vLLM: the ids of the served tokenizer's control tokens (.controls)
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
     content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
@@ -253,7 +253,9 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     tokens = caps.transport == "token-completions"
     missing = [key for key in dict.fromkeys(q.prompt for q in queries) if key not in state.templates]
     if missing:
-        yield from (_token_prompts if tokens else _mixed_prompts)(state, caps, missing)
+        from .controls import token_prompts  # it builds on this module
+
+        yield from (token_prompts if tokens else _mixed_prompts)(state, caps, missing)
     ids_only = state.routed and not tokens
     if ids_only:
         yield from _ids_only(state, dict.fromkeys(q.prompt for q in queries))
@@ -336,27 +338,6 @@ def _ids_only(state: EndpointState, keys: Iterable[tuple[Prompt, str]]) -> Flow[
                                                 "parse_special": True}, root=True) for key in todo]
     for key, answer in zip(todo, answers):
         state.templates[(_IDS, key)] = [i for i, _ in parse_tokens(answer)]
-
-
-def _token_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:
-    """vLLM: each prompt as token ids, the chat template from ``/tokenize`` with ``messages`` (a client-side
-    format rendered here and tokenized). vLLM's tokenizer matches control tokens in any text it is given
-    and has no switch to stop it, so the spans go as neutralised text (:func:`text_messages`), against
-    the known families and the control tokens the served template shows (asked once, on a skeleton)."""
-    if not state.declared:
-        [shown] = yield [template_call(caps.model, keys[0][0].skeleton, tokens=True)]
-        strs = shown.get("token_strs") if isinstance(shown, Mapping) else None
-        state.declared = tuple(sorted({s for s in strs or () if isinstance(s, str) and _CONTROL_LIKE.fullmatch(s)}
-                                      )) or ("",)
-    texts = [(text_messages(state, p, style), style) for p, style in keys]
-    answers = yield [template_call(caps.model, m, tokens=True) if style == "chat"
-                     else tokenize_call("vllm", caps.model, prompt_text(m, style)) for m, style in texts]
-    for key, answer in zip(keys, answers):
-        state.templates[key] = list(_template_of(answer, True))
-
-
-#: A token string that looks like a control token (``<|im_end|>``, ``<start_of_turn>``, ``[INST]``).
-_CONTROL_LIKE = re.compile(r"<[|｜]?[^\s<>]{1,40}[|｜]?>|\[/?[A-Z_]{2,30}\]")
 
 
 def text_messages(state: EndpointState, prompt: Prompt, style: str = "chat") -> Messages:

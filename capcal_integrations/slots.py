@@ -46,14 +46,22 @@ class SlotPins:
             self.tick += 1
             slot = next((s for s, owner in self.owner.items() if owner == prompt), None)
             if slot is None or slot in self.busy:
-                free = [s for s in range(slots) if s not in self.busy]
-                if not free:
+                slot = self._free(slots)
+                if slot is None:
                     return None
-                slot = min(free, key=lambda s: (self.used.get(s, 0), s))
                 self.owner[slot] = prompt
             self.used[slot] = self.tick
             self.busy.add(slot)
             return slot
+
+    def _free(self, slots: int) -> int | None:
+        """The least recently used free slot below ``slots`` (a never used one first, the lowest), found
+        among the slots used so far: never a range of all ``slots``, whatever a server reports."""
+        fresh = next(s for s in range(len(self.used) + len(self.busy) + 1) if s not in self.used and s not in self.busy)
+        if fresh < slots:
+            return fresh
+        used = [s for s in self.used if s < slots and s not in self.busy]
+        return min(used, key=lambda s: (self.used[s], s)) if used else None
 
     def release(self, slot: int | None) -> None:
         with self.lock:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import json
 import pathlib
+import re
 import sys
 import textwrap
 
+import httpx2
 import pytest
 
 from capcal_integrations.server import MODELS, ModelSpec
@@ -72,3 +75,39 @@ def fake_python(folder: pathlib.Path) -> pathlib.Path:
                       f'exec "{sys.executable}" "{converter}" "$@"\n')
     python.chmod(0o755)
     return python
+
+
+# --------------------------------------------------------------------------- an endpoint: vLLM with other control tokens
+
+#: Control tokens shaped like no family the deny-list knows (MiniMax's, GLM's), with ids past the fake vocabulary.
+OTHER_CONTROLS = {"]~b]": 1_000_000 + 0xF0000, "[e~[": 1_000_000 + 0xF0001, "[gMASK]": 1_000_000 + 0xF0002}
+
+
+def other_controls_handler(calls: list | None = None):
+    """A fake vLLM endpoint (``tests.fake_endpoint.make_handler(vllm=True)``) whose tokenizer treats
+    :data:`OTHER_CONTROLS` as control tokens, matched in any text as vLLM's tokenizer does, and whose chat
+    template (MiniMax-like) is made of them: ``[gMASK]]~b]user\\n...[e~[\\n]~b]ai\\n``."""
+    from tests.fake_endpoint import decode, make_handler, symbol, tokenize
+
+    pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(OTHER_CONTROLS, key=len, reverse=True)) + ")")
+    text_of = {v: k for k, v in OTHER_CONTROLS.items()}
+
+    def tokens(text: str) -> list[tuple[int, str]]:
+        return [token for part in pattern.split(text) if part
+                for token in ([(OTHER_CONTROLS[part], part)] if part in OTHER_CONTROLS else tokenize(part))]
+
+    def answer(pieces: list[tuple[int, str]]) -> httpx2.Response:
+        return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
+
+    def fault(request: httpx2.Request) -> httpx2.Response | None:
+        body = json.loads(request.content) if request.content else {}
+        if request.url.path == "/tokenize" and "messages" in body:
+            text = "[gMASK]" + "".join(f"]~b]{m['role']}\n{m['content']}[e~[\n" for m in body["messages"]) + "]~b]ai\n"
+            return answer(tokens(text))
+        if request.url.path == "/tokenize" and "prompt" in body:
+            return answer(tokens(body["prompt"]))
+        if request.url.path == "/detokenize":
+            return httpx2.Response(200, json={"prompt": "".join(text_of.get(t) or decode([t]) for t in body["tokens"])})
+        return None
+
+    return make_handler(vllm=True, fault=fault, calls=calls)

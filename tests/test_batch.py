@@ -51,12 +51,30 @@ def test_a_plain_import_loads_neither_ray_nor_the_batch_module():
     assert out.strip() == "[]"
 
 
+def _output_of(rows: list[dict], path: Path) -> Path:
+    """An output that holds ``rows`` ranked (each in input order), as a run writes it."""
+    from capcal_integrations.batchfile import identities, record
+    from capcal_integrations.types import Ranking
+
+    lines_ = []
+    for k, (row, key) in enumerate(zip(rows, identities(rows))):
+        row = {"line": k, **row, **({"copy": key[2]} if key[0] == "list" and key[2] else {})}
+        n = len(row["passages"])
+        lines_.append(json.dumps(record(row, Ranking(tuple(range(n)), tuple([0.0] * n), "vanilla"))) + "\n")
+    path.write_text("".join(lines_))
+    return path
+
+
 def test_finished_cuts_a_torn_last_line_and_reads_the_rest(tmp_path):
+    from capcal_integrations.batchfile import list_hash
+
     out = tmp_path / "out.jsonl"
-    out.write_text('{"line": 0, "order": [0]}\n{"qid": "q7", "order": [1, 0]}\n{"line": 2, "ord')
-    assert finished(out) == {("line", 0), ("qid", "q7")}
-    assert out.read_text().endswith('"order": [1, 0]}\n')  # the next line starts clean
-    out.write_text('{"line": 0}\nnot json\n')
+    h0, h1 = list_hash(LISTS[0]), list_hash(LISTS[1])
+    out.write_text(json.dumps({"line": 0, "list_hash": h0}) + "\n" + json.dumps({"qid": "q7", "list_hash": h1})
+                   + '\n{"line": 2, "ord')
+    assert finished(out) == {("list", h0, 0): h0, ("qid", "q7"): h1}
+    assert out.read_text().endswith(f'"list_hash": "{h1}"}}\n')  # the next line starts clean
+    out.write_text('{"line": 0}\nnot json\n')  # an older version's line (resumed by line number): refused
     with pytest.raises(InputError, match="not a line this batch wrote"):
         finished(out)
 
@@ -73,11 +91,108 @@ def test_rows_are_checked_and_keyed_before_anything_runs(tmp_path):
 
 
 def test_a_finished_output_is_left_alone(tmp_path):
-    out = tmp_path / "out.jsonl"
-    out.write_text("".join(json.dumps({"line": k}) + "\n" for k in range(len(LISTS))))
+    out = _output_of(LISTS, tmp_path / "out.jsonl")
     before = out.read_text()
     result = rerank_batch(write_input(tmp_path / "in.jsonl"), out, endpoints=["http://127.0.0.1:9/v1"])
     assert (result.ranked, result.skipped) == (0, len(LISTS)) and out.read_text() == before
+
+
+def test_resume_is_keyed_by_list_identity_not_by_line_number(tmp_path):
+    from capcal_integrations.batchfile import pending, read_rows
+
+    out = _output_of(LISTS[:5], tmp_path / "out.jsonl")
+    inserted = [{"query": "a new first list", "passages": ["p", "q"]}, *LISTS]  # every line number moves by one
+    todo = pending(read_rows(write_input(tmp_path / "in.jsonl", inserted)), finished(out))
+    assert [r["query"] for r in todo] == ["a new first list", *(r["query"] for r in LISTS[5:])]
+    twins = [LISTS[0], LISTS[0], LISTS[1]]  # identical lists without a qid: told apart by their order among themselves
+    out = _output_of(twins[:1], tmp_path / "twins.jsonl")
+    assert [r["query"] for r in pending(twins, finished(out))] == [LISTS[0]["query"], LISTS[1]["query"]]
+
+
+@pytest.mark.parametrize("edit", ["passage", "deleted", "qid"])
+def test_an_input_that_changed_under_its_output_is_refused(tmp_path, edit):
+    named = [{"qid": f"q{k}", **row} for k, row in enumerate(LISTS)]
+    rows = named if edit == "qid" else LISTS
+    out = _output_of(rows[:5], tmp_path / "out.jsonl")
+    edited = [dict(r) for r in rows]
+    if edit == "deleted":
+        del edited[2]
+    else:
+        edited[2]["passages"] = [*edited[2]["passages"][:-1], "an edited passage"]
+    before = out.read_text()
+    with pytest.raises(InputError, match="the input changed since the output was written"):
+        rerank_batch(write_input(tmp_path / "in.jsonl", edited), out, endpoints=["http://127.0.0.1:9/v1"])
+    assert out.read_text() == before
+
+
+class _Ray:
+    """A stand-in for Ray (one process, actors called in place) that records every actor's constructor
+    arguments: what Ray would keep in its task metadata."""
+
+    class exceptions:  # noqa: N801 - Ray's namespace
+        RayTaskError = RuntimeError
+
+    def __init__(self) -> None:
+        self.actor_args: list[tuple] = []
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def remote(self, **_):
+        ray = self
+
+        def wrap(cls):
+            class Actor:
+                @staticmethod
+                def remote(*args):
+                    ray.actor_args.append(args)
+                    instance = cls(*args)
+                    handle = type("Handle", (), {})()
+                    for name in ("rank", "decision", "use_decision"):
+                        method = getattr(instance, name)
+                        setattr(handle, name, type("M", (), {"remote": staticmethod(ray._call(method))})())
+                    return handle
+            return Actor
+        return wrap
+
+    @staticmethod
+    def _call(method):
+        import asyncio
+        import inspect
+
+        def call(*args):
+            result = method(*args)
+            return asyncio.run(result) if inspect.iscoroutine(result) else result
+        return call
+
+    def wait(self, refs, num_returns=1):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        return [self.get(r) for r in ref] if isinstance(ref, list) else ref
+
+    def kill(self, actor):
+        pass
+
+    def cancel(self, ref, force=False):
+        pass
+
+
+def test_the_api_key_is_no_actor_argument_and_reaches_the_endpoint(tmp_path, monkeypatch):
+    from capcal_integrations import batch
+
+    server = FakeServer(delay=0.0)
+    ray = _Ray()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(batch, "_WORKER", None)  # the actor class is made for this Ray
+    secret = "sk-batch-secret-never-in-ray-metadata"
+    result = rerank_batch(LISTS[:2], tmp_path / "out.jsonl", endpoints=[server.url], api_key=secret, progress=False,
+                          **METHOD)
+    assert result.ranked == 2 and ray.actor_args
+    assert secret not in repr(ray.actor_args), ray.actor_args
+    assert server.authorizations and set(server.authorizations) == {f"Bearer {secret}"}
+    [(_, _, key_file)] = ray.actor_args
+    assert not os.path.exists(key_file)  # deleted when the run ended
 
 
 def test_the_cli_batch_needs_input_and_output_files(tmp_path, capsys):
@@ -97,7 +212,7 @@ class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, delay: float) -> None:
-        self.handler, self.delay = make_handler(slots=4), delay
+        self.handler, self.delay, self.authorizations = make_handler(slots=4), delay, []
         super().__init__(("127.0.0.1", 0), _Serve)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -112,6 +227,7 @@ class _Serve(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.authorizations.append(self.headers.get("Authorization"))
         if self.path.endswith("/completions"):
             time.sleep(self.server.delay)
         answer = self.server.handler(httpx2.Request(self.command, f"http://fake.test{self.path}", content=body))

@@ -350,6 +350,51 @@ def test_errors_the_cli_prints_are_redacted(capsys, monkeypatch):
     assert capsys.readouterr().err == "capcal: error: POST http://***@10.0.0.5:8000/v1/completions: HTTP 500\n"
 
 
+@pytest.mark.parametrize("leaky, secret", [
+    ("authorization: bearer sk-lowercase-secret", "sk-lowercase-secret"),
+    ("Authorization: BEARER sk-uppercase-secret", "sk-uppercase-secret"),
+    ("x-api-key: sk-header-secret", "sk-header-secret"),
+    ("X-Api-Key=sk-header-secret&next=1", "sk-header-secret"),
+    ("{'api_key': 'sk-dict-secret', 'model': 'm'}", "sk-dict-secret"),
+    ('{"api_key": "sk-json-secret"}', "sk-json-secret"),
+    ("Settings(base_url='http://h/v1', openai_api_key='sk-field-secret')", "sk-field-secret"),
+    ("GET https://h.example/v1/models?auth=sk-auth-secret&x=1", "sk-auth-secret"),
+    ("GET https://blob.example/f?sv=1&sig=sk-sig-secret#frag", "sk-sig-secret"),
+    ("http://alice:hunter2@10.0.0.5:8000/v1?api_key=sk-query-secret", "hunter2"),
+    ("http://alice:hunter2@10.0.0.5:8000/v1?api_key=sk-query-secret", "sk-query-secret"),
+    ("http://token-only@h/v1", "token-only"),
+])
+def test_redaction_covers_every_spelling_of_a_credential(leaky, secret):
+    from capcal_integrations.redaction import redact
+
+    assert secret not in redact(leaky) and "***" in redact(leaky)
+
+
+def test_redaction_leaves_ordinary_text_alone():
+    from capcal_integrations.redaction import redact
+
+    for text in ("{'key': 'value'}", "bos_token='<s>'", "max_tokens=5", "OpenAI(api_key=None)", "Bearer abc",
+                 "POST http://127.0.0.1:8080/v1/completions?x=1"):
+        assert redact(text) == text
+
+
+def test_redacting_a_dump_and_a_url():
+    from capcal_integrations.redaction import redact_url, redact_value
+
+    dumped = {"base_url": "http://u:pw@h/v1?sig=s1", "api_key": "sk-dump", "top_n": 3,
+              "default_headers": {"x-api-key": "sk-h", "Authorization": "bearer sk-b"}, "tags": ["?auth=a1"]}
+    text = repr(redact_value(dumped))
+    assert not any(s in text for s in ("pw", "sk-dump", "sk-h", "sk-b", "s1", "a1")), text
+    assert redact_value(dumped)["top_n"] == 3 and redact_url("http://u:pw@h/v1?key=k") == "http://***@h/v1?key=***"
+
+
+def test_a_server_record_repr_never_shows_its_key():
+    record = ownership.ServerRecord("127.0.0.1", 8080, 1, "capcal-the-secret-key", "llamacpp", "0.5b", None,
+                                    ("capcal", "serve", "--api-key", "capcal-the-secret-key"))
+    assert "capcal-the-secret-key" not in repr(record) and "capcal-the-secret-key" not in str(record)
+    assert record.api_key == "capcal-the-secret-key"
+
+
 # --------------------------------------------------------------------------- eval and testbed under the CLI's handling
 
 
@@ -421,6 +466,24 @@ def test_capcal_serve_requires_its_key_records_it_and_is_found(port, tmp_path):
         serve.terminate()
         serve.wait(timeout=60)
     assert not state.exists()  # removed on the way out
+
+
+def test_the_hosted_demo_server_and_its_gateway_require_a_key(started):
+    """``capcal demo --hosted`` (launcher.endpoint(hosted=True)): the embedded server is started with a fresh key,
+    the gateway in front of it requires the same key, and the ambient OPENAI_API_KEY is sent nowhere."""
+
+    with launcher.endpoint(None, hosted=True) as found:
+        [server] = started
+        assert server.key and found.api_key == server.key and found.api_key != AMBIENT
+        assert _status(found.base_url + "/models")[0] == 401
+        assert _status(found.base_url + "/models", "wrong")[0] == 401
+        assert _status(found.base_url + "/models", found.api_key)[0] == 200
+        answer = httpx2.post(found.base_url + "/chat/completions", headers={"Authorization": f"Bearer {found.api_key}"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert answer.status_code == 200, answer.text
+    upstream = [s for s in server.fake.seen if s.path != "/health"]
+    assert upstream and all(s.auth == f"Bearer {server.key}" for s in upstream)
+    assert AMBIENT not in server.fake.everything()
 
 
 # --------------------------------------------------------------------------- stopping a child (issue 16, item 11)

@@ -15,10 +15,13 @@ library does on a hosted API runs here against a real model:
   library's ``chat`` transport.
 
 Everything else is a 404. The gateway counts the requests it forwarded (:attr:`HostedGateway.requests`).
+With ``api_key`` (as ``capcal demo --hosted`` starts it), every request must carry it (``Authorization:
+Bearer KEY``, else 401, as a hosted API answers), and the gateway sends the same key to the upstream server.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 from collections import Counter
@@ -42,12 +45,14 @@ class HostedGateway:
     """Forward the hosted surface of ``kind`` to ``upstream`` (a base URL ending in ``/v1``) from
     http://127.0.0.1:PORT/v1; a context manager."""
 
-    def __init__(self, upstream: str, kind: str = "chat", *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, upstream: str, kind: str = "chat", *, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown gateway kind {kind!r}; choose one of {', '.join(KINDS)}")
         self.upstream, self.kind = upstream.rstrip("/"), kind
         self.requests: Counter[str] = Counter()
-        self._http = httpx2.Client(timeout=600)
+        self._key = api_key
+        self._http = httpx2.Client(timeout=600, headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -76,6 +81,15 @@ class HostedGateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def __repr__(self) -> str:  # never the key
+        return f"HostedGateway({self.upstream!r}, {self.kind!r}, api_key={'***' if self._key else None})"
+
+    def authorized(self, authorization: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header may pass (any, without a key)."""
+        if not self._key:
+            return True
+        return hmac.compare_digest((authorization or "").encode(), f"Bearer {self._key}".encode())
 
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         """The gateway's answer to one request: ``(status, JSON body)``."""
@@ -159,7 +173,10 @@ def _handler(gateway: HostedGateway) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw) if raw else None
             except ValueError:
                 body = ...
-            status, answer = gateway.answer(method, self.path.split("?")[0], body)
+            if gateway.authorized(self.headers.get("Authorization")):
+                status, answer = gateway.answer(method, self.path.split("?")[0], body)
+            else:
+                status, answer = 401, _error("Incorrect API key provided.", "invalid_request_error")
             data = json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

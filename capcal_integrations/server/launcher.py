@@ -305,18 +305,19 @@ def endpoint(base_url: str | None, model: str | None = None, *, port: int | None
        (``"llamacpp"`` or ``"vllm"``) and a fresh random key, and stopped on exit.
 
     ``hosted``: always start the embedded llama.cpp server, with assistant prefill off, and give the
-    URL of a :class:`~.gateway.HostedGateway` in front of it (the model as a hosted chat-only API;
-    the gateway checks no key, so ``api_key`` is :data:`NO_KEY`).
+    URL of a :class:`~.gateway.HostedGateway` in front of it (the model as a hosted chat-only API); both
+    require a fresh random key, the ``api_key``.
     """
     base_url = base_url or os.environ.get("CAPCAL_BASE_URL")
     if hosted:
         if base_url or engine != "llamacpp":
             raise InputError("hosted shows the embedded llama.cpp model as a hosted chat API; to use a hosted API, "
                              "pass its --base-url without it")
-        with EmbeddedServer(model=model or "0.5b", port=port, threads=threads, prefill=False) as server, \
-                HostedGateway(server.base_url, "chat") as gateway:
+        key = new_key()  # the server and the gateway in front of it both require it, as every server started here
+        with EmbeddedServer(model=model or "0.5b", port=port, threads=threads, prefill=False, api_key=key) as server, \
+                HostedGateway(server.base_url, "chat", api_key=key) as gateway:
             log.info("embedded server at %s shown as a hosted chat-only API at %s", server.base_url, gateway.base_url)
-            yield Endpoint(gateway.base_url, None, NO_KEY)
+            yield Endpoint(gateway.base_url, None, key)
         return
     if base_url:
         yield Endpoint(base_url, None if model in MODELS else model)

@@ -29,9 +29,10 @@ import stat
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from ..errors import ServerError
+from ..redaction import redact_argv
 from .models import cache_dir
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,16 @@ class ServerRecord:
     host: str
     port: int
     pid: int
-    api_key: str
+    api_key: str = field(repr=False)  # never in a repr (logs, tracebacks): see __repr__
     engine: str
     model: str
     start_time: int | None  # /proc/<pid>/stat field 22 (clock ticks after boot); None without /proc
     cmdline: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown.update(api_key="***" if self.api_key else "", cmdline=tuple(redact_argv(self.cmdline)))
+        return f"ServerRecord({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @property
     def base_url(self) -> str:
