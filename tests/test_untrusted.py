@@ -192,7 +192,7 @@ def _other_controls_sent(query, passages, **options):
 
     calls = []
     sync, async_ = clients(other_controls_handler(calls))
-    rr = CapCalReranker(client=sync, async_client=async_, method="first-token-capcal", **options)
+    rr = CapCalReranker(client=sync, async_client=async_, method="first-token-capcal", **{"guard": None, **options})
     rr.capabilities()
     calls.clear()
     ranking = rr.rerank(query, passages)
