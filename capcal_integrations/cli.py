@@ -235,6 +235,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results = {}
     with _endpoint(args) as found:
         rr = _reranker(args, found)
+        if "guard" not in options_from_args(args):  # one list cannot decide the content check: show the calibration
+            rr = rr.with_options(guard=None)
         calibrated = rr.method if rr.method not in ("vanilla", "psc") else "auto"
         for method in tqdm(("vanilla", calibrated), desc="reranking (cold prompts take ~10 s on 2 cores)", unit="method"):
             start = time.perf_counter()
@@ -258,6 +260,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
              f"{seconds:.1f} s")
         for note in ranking.notes:  # e.g. the no-harm guard kept the BM25 order
             _out(f"{'':>18}  {note}")
+    if "guard" not in options_from_args(args):
+        _out("\n(Calibrated whatever the model does. By default the reranker first decides, over the queries it ranks, "
+             "whether the model reads the passages at all, and keeps the BM25 order until then and for a model that "
+             "does not: see docs/content-check.md.)")
     return 0
 
 
