@@ -34,6 +34,13 @@ from capcal_integrations.contrast import CAP, Evidence, Reading, agreement  # no
 from capcal_integrations.options import Options  # noqa: E402
 
 
+def _partial(args: argparse.Namespace, rows: list[dict], **facts: object) -> None:
+    """The rows read so far, saved after every query (``--readings`` replays a run that was stopped)."""
+    out = pathlib.Path(args.out or HERE / "results" / f"real-decision-{args.model}")
+    out.with_suffix(".json").write_text(json.dumps({"model": args.model, "options": args.set, "queries": len(rows),
+                                                    "partial": True, "rows": rows, **facts}) + "\n")
+
+
 def replay(readings: list[Reading], orders: int, seed: int = 0) -> dict:
     """The decision in ``orders`` random query orders of the saved readings (the cap: all of them)."""
     rng = random.Random(seed)
@@ -90,6 +97,9 @@ def run(args: argparse.Namespace) -> dict:
                          "reading": {"slots": [list(s) for s in reading.slots], "empty": list(reading.empty or ())}})
             print(f"{k + 1}/{len(topics)} {ranking.method} score {rows[-1]['score']:.2f} e {check.evidence.for_reads:.3g} "
                   f"verdict {check.evidence.verdict}", file=sys.stderr, flush=True)
+            _partial(args, rows, weights=rr.capabilities().weights,
+                     decision_text=str(rr.content_decision()) if rr.content_decision() else "undecided so far",
+                     seconds=round(time.perf_counter() - start, 1))
         decision = rr.content_decision()
         caps = rr.capabilities()
     return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights, "options": args.set,
@@ -129,6 +139,9 @@ def complete(args: argparse.Namespace) -> dict:
                          "seconds": 0.0, "score": agreement(reading), "e_after": 0.0,
                          "reading": {"slots": [list(s) for s in reading.slots], "empty": []}})
             print(f"{k + 1}/{len(saved)} score {rows[-1]['score']:.2f}", file=sys.stderr, flush=True)
+            _partial(args, rows, check_drift=drift, weights=first.capabilities().weights,
+                     seconds=round(time.perf_counter() - start, 1),
+                     options_note=["method=first-token", "guard=None", f"readings A, B from {args.complete}"])
         caps = first.capabilities()
     evidence = Evidence(cap=CAP)
     for r in rows:
@@ -182,6 +195,15 @@ def main() -> int:
     result = (json.loads(pathlib.Path(a.readings).read_text()) if a.readings else complete(a) if a.complete else run(a))
     readings = [Reading(tuple(tuple(s) for s in r["reading"]["slots"]), tuple(r["reading"]["empty"]) or None)
                 for r in result["rows"]]
+    if result.get("partial"):  # a run stopped early: the decision in query order over the queries it read
+        evidence = Evidence(cap=CAP)
+        for r in readings:
+            if evidence.add(agreement(r)) is not None:
+                break
+        result["decision_text"] = (f"{evidence.verdict} after {evidence.queries} queries" if evidence.verdict else
+                                   f"undecided after the {evidence.queries} queries read (the run was stopped there)") + (
+            f" (e = {evidence.for_reads:.3g} for \"reads\", {evidence.for_not:.3g} for \"does not read\")")
+        result["options"] = result.get("options_note") or result.get("options") or []
     verdicts = replay(readings, a.orders)
     result["replay"] = {"orders": a.orders, "verdicts": verdicts}
     out = pathlib.Path(a.out or HERE / "results" / f"real-decision-{result['model']}")
