@@ -64,7 +64,7 @@ def decision_key(model: str, weights: str, opts: Any) -> Key:
 
     >>> from capcal_integrations.options import Options
     >>> key = dict(decision_key("m", "sha:1", Options(template="rank_zephyr")))
-    >>> key["model"], key["weights"], key["template"], key["window"]
+    >>> key["model"], key["weights"], key["template"].split(":")[0], key["window"]
     ('m', 'sha:1', 'rank_zephyr', '20')
     """
     values = {k: _name(opts.template) if k == "template" else str(getattr(opts, k)) for k in KEY_OPTIONS}

@@ -32,7 +32,16 @@ from collections.abc import Generator, Iterable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from .answers import Alternatives, Generated, completion_alternatives, first_choice, generated, parse_tokens, top_entries
+from .answers import (
+    Alternatives,
+    Generated,
+    completion_alternatives,
+    first_choice,
+    generated,
+    malformed,
+    parse_tokens,
+    top_entries,
+)
 from .answers import choices_of as _choices
 from .answers import template_of as _template_of
 from .answers import usage_of as usage_of  # re-exported: the drivers' and earlier callers' name
@@ -313,7 +322,12 @@ def _mixed_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tupl
     for shape in shapes:
         state.templates[shape] = (_template_of(answers[served.index(shape)], False) if shape in served
                                   else prompt_text(*shape))
-    parts = {key: key[0].parts(state.templates[(key[0].skeleton, key[1])]) for key in keys}
+    try:
+        parts = {key: key[0].parts(state.templates[(key[0].skeleton, key[1])]) for key in keys}
+    except ValueError as err:  # the server's rendering lost the markers: a malformed answer, not cached
+        for shape in shapes:
+            state.templates.pop(shape, None)
+        raise malformed(f"/apply-template: {err}", answers) from None
     declared = state.declared + declared_tokens(keys[0][1])
     spelt = {key: [x if isinstance(x, str) else (key[0].spelling(x, declared),) for x in xs] for key, xs in parts.items()}
     spellings = list(dict.fromkeys(x[0] for xs in spelt.values() for x in xs if isinstance(x, tuple)))

@@ -296,8 +296,8 @@ def test_a_reranking_with_a_malformed_answer_gives_a_ranking_or_a_typed_error(da
                                                                               logprobs_only, asynchronous):
     endpoint = Mutating(dialect, data, rate, logprobs_only)
     sync, async_ = clients(endpoint)
-    rr = CapCalReranker(client=sync, async_client=async_, method=method, m=2, window=4, stride=2,
-                        **endpoint.options)
+    rr = CapCalReranker(client=sync, async_client=async_, method=method, m=2, window=4, stride=2, guard=None,
+                        **endpoint.options)  # every answer in the ranking itself (no background reading)
     rr.capabilities()  # probed from clean answers: the mutation lands in the ranking itself
     endpoint.armed = True
     passages = [f"passage {i} about fleas" for i in range(n)]
