@@ -1,6 +1,7 @@
 """A fake llama.cpp-style endpoint for unit tests of parsing, error paths and invariants.
 
-It is an ``httpx2.MockTransport`` handler: a tiny tokenizer (``[``, `` [``, ``]``, ``>``, digits, letters),
+It is a ``MockTransport`` handler of the installed openai's HTTP library (``httpx2`` for openai 3.x,
+``httpx`` for 2.x: ``capcal_integrations.client.http_library``): a tiny tokenizer (``[``, `` [``, ``]``, ``>``, digits, letters),
 ``/apply-template``, and ``/v1/completions`` / ``/v1/chat/completions`` whose next-token
 distributions are pseudo-random but deterministic in the prompt. It never stands in for the real
 end-to-end tests (tests/test_e2e.py), which run against llama.cpp's server and a real model.
@@ -14,8 +15,11 @@ import math
 import random
 from collections.abc import Callable
 
-import httpx2
 import openai
+
+from capcal_integrations.client import http_library
+
+httpx2 = http_library()  # the name kept: tests import it from here to build clients and responses
 
 VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, ">": 29, "x": 87}
 VOCAB.update({str(d): 15 + d for d in range(10)})

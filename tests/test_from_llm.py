@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx2
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler
 from langchain_core.documents import Document
@@ -22,7 +21,7 @@ from capcal_integrations import InputError
 from capcal_integrations.adapter import clients_of
 from langchain_ext import CapCalRerank as LangChainRerank
 from llamaindex_ext import CapCalRerank as LlamaIndexRerank
-from tests.fake_endpoint import make_handler
+from tests.fake_endpoint import httpx2, make_handler
 
 SECRET = "sk-secret-18-do-not-leak"
 QUERY = "which passage is about topic 1?"

@@ -25,7 +25,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx2
+from ..client import http_library
 
 __all__ = ["HostedGateway", "KINDS", "MAX_TOP_LOGPROBS"]
 
@@ -47,7 +47,7 @@ class HostedGateway:
             raise ValueError(f"unknown gateway kind {kind!r}; choose one of {', '.join(KINDS)}")
         self.upstream, self.kind = upstream.rstrip("/"), kind
         self.requests: Counter[str] = Counter()
-        self._http = httpx2.Client(timeout=600)
+        self._http = http_library().Client(timeout=600)  # httpx or httpx2, as the openai installed
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
