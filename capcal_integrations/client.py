@@ -34,7 +34,8 @@ DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_RETRIES = 2
 _NO_ENDPOINT = (
     "no endpoint configured: pass base_url=... (or client=...), or set CAPCAL_BASE_URL or OPENAI_BASE_URL. "
-    "For the embedded local model run `capcal serve` in another terminal and use base_url='http://127.0.0.1:8080/v1'."
+    "For the embedded local model run `capcal serve` in another terminal and set CAPCAL_API_KEY=$(capcal key) "
+    "(base_url then defaults to http://127.0.0.1:8080/v1)."
 )
 
 
@@ -52,10 +53,18 @@ def http_library() -> ModuleType:
 _OPENAI_MAJOR = int(openai.__version__.split(".")[0])
 
 
+#: where ``capcal serve`` listens by default (server/launcher.py's DEFAULT_PORT)
+LOCAL_SERVE_URL = "http://127.0.0.1:8080/v1"
+
+
 def resolve_base_url(base_url: str | None = None) -> str:
-    """``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``; an :class:`InputError` that
-    says how to start the embedded server when none is set."""
+    """``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``, else, with ``$CAPCAL_API_KEY`` set
+    (the key of a ``capcal serve``), where ``capcal serve`` listens by default (:data:`LOCAL_SERVE_URL`);
+    an :class:`InputError` that says how to start the embedded server when none is set."""
     url = base_url or os.environ.get("CAPCAL_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+    if not url and os.environ.get("CAPCAL_API_KEY"):
+        log.info("no base_url: using %s (capcal serve's default) with $CAPCAL_API_KEY", LOCAL_SERVE_URL)
+        url = LOCAL_SERVE_URL
     if not url:
         raise InputError(_NO_ENDPOINT)
     return url
