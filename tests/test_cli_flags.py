@@ -1,6 +1,6 @@
 """Issue 24 item 5 and issue 23 item 5: ``-v`` after the command, one meaning of ``--model``, ``--top-n`` at
 least 1 and decoding only that many places, help text without markup, and a data error that shows the
-layout. On loopback fakes (tests/test_local_security.py's ``FakeLocal``); no model."""
+layout. On the fake endpoint behind a socket (tests/fake_endpoint.py's ``Loopback``); no model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from capcal_integrations.cli import build_parser, main
-from tests.test_local_security import FakeLocal
+from tests.fake_endpoint import Loopback
 
 PASSAGES = "Fleas live two to three months.\nBananas are yellow.\nThe Eiffel Tower is in Paris.\n"
 
@@ -27,13 +27,12 @@ def fake():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with FakeLocal(port=port) as server:
-        server.base_url = f"http://127.0.0.1:{port}/v1"
+    with Loopback(port=port) as server:
         yield server
 
 
 def _bodies(server) -> list[dict]:
-    return [json.loads(s.raw.rsplit("\n", 1)[-1]) for s in server.seen if s.method == "POST"]  # the body: one line
+    return [json.loads(s.body) for s in server.seen if s.method == "POST"]
 
 
 def _decoding_requests(server) -> int:

@@ -1,6 +1,6 @@
 """Issue 24 items 3 and 4: keys that work without reading the source, and errors that name the URL and the
-next step. Against loopback servers that check a key as ``capcal serve`` does (tests/test_local_security.py's
-``FakeLocal``) and the fake endpoint; no model."""
+next step. Against loopback servers that check a key as ``capcal serve`` does (tests/fake_endpoint.py's
+``Loopback``) and the fake endpoint; no model."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from capcal_integrations.cli import main
 from capcal_integrations.errors import KEY_HINT, NOT_FOUND_HINT
 from capcal_integrations.server import launcher
 from capcal_integrations.server.ownership import new_key, record_server
-from tests.fake_endpoint import httpx2
-from tests.test_local_security import FakeLocal
+from tests.fake_endpoint import Loopback, httpx2
 
 PASSAGES = ["Fleas live two to three months.", "Bananas are yellow.", "The Eiffel Tower is in Paris."]
 
@@ -38,7 +37,7 @@ def _failing(status: int) -> CapCalReranker:
 def test_capcal_key_prints_the_key_of_your_capcal_serve_alone_on_stdout(monkeypatch, capsys):
     port, key = _free_port(), new_key()
     monkeypatch.setattr(launcher, "DEFAULT_PORT", port)
-    with FakeLocal(port=port, key=key):
+    with Loopback(port=port, key=key):
         record_server("127.0.0.1", port, key, engine="llama.cpp", model="0.5b")
         assert main(["key"]) == 0
         assert capsys.readouterr().out == key + "\n"
@@ -57,7 +56,7 @@ def test_capcal_api_key_alone_reaches_your_capcal_serve_from_python(monkeypatch)
     port, key = _free_port(), new_key()
     monkeypatch.setattr("capcal_integrations.client.LOCAL_SERVE_URL", f"http://127.0.0.1:{port}/v1")
     monkeypatch.setenv("CAPCAL_API_KEY", key)
-    with FakeLocal(port=port, key=key) as server:
+    with Loopback(port=port, key=key) as server:
         ranking = CapCalReranker().rerank("how long do fleas live", PASSAGES)
     assert sorted(ranking.order) == [0, 1, 2]
     assert server.seen and all(s.auth == f"Bearer {key}" for s in server.seen)
@@ -68,7 +67,7 @@ def test_a_wrong_key_is_one_cli_line_naming_capcal_api_key(monkeypatch, capsys, 
     passages = tmp_path / "p.txt"
     passages.write_text("\n".join(PASSAGES) + "\n")
     monkeypatch.setenv("CAPCAL_API_KEY", "wrong")
-    with FakeLocal(port=port, key=new_key()):
+    with Loopback(port=port, key=new_key()):
         status = main(["rerank", "--base-url", f"http://127.0.0.1:{port}/v1", "--query", "fleas", "--passages",
                        str(passages)])
     err = capsys.readouterr().err
@@ -81,7 +80,7 @@ def test_401_names_the_key_and_404_asks_about_v1_with_the_url_redacted():
         _failing(401).rerank("q", PASSAGES)
     message = str(caught.value)
     assert "CAPCAL_API_KEY" in message and "capcal key" in message
-    assert "(http://***@fake.test/v1/" in message and "pw" not in message and "secret" not in message
+    assert "(http://***@fake.test/v1" in message and "pw" not in message and "secret" not in message
     with pytest.raises(EndpointError, match=r"does base_url end in /v1"):
         _failing(404).rerank("q", PASSAGES)
     with pytest.raises(EndpointError) as caught:
