@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .errors import InputError
 from .options import OPTION_NAMES, Options
+from .prompts import PromptTemplate  # noqa: F401 - in the signature IDEs see
 from .redaction import redact
 from .reranker import CapCalReranker
 from .types import Ranking
@@ -90,29 +91,43 @@ class RerankerSettings(_RankingOptions):
     _reranker: CapCalReranker = PrivateAttr()
     _last_ranking: Ranking | None = PrivateAttr(default=None)
 
-    def __init__(self, *, reranker: CapCalReranker | None = None, api_key: str | None = None,
-                 client: Any = None, async_client: Any = None, **fields: Any) -> None:
-        try:
-            super().__init__(**fields)
-        except ValidationError as err:  # the library's error, as every other bad argument
-            raise InputError(_said(err)) from None
-        connection = {k: fields[k] for k in _CONNECTION if fields.get(k) is not None}  # as given (base_url unredacted)
-        connection.update((k, v) for k, v in (("api_key", api_key), ("client", client),
-                                              ("async_client", async_client)) if v is not None)
-        if reranker is not None and connection:
-            raise InputError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
-        options = {k: getattr(self, k) for k in OPTION_NAMES if getattr(self, k) is not None}
-        base = reranker or CapCalReranker(**connection)
-        self._reranker = base.with_options(**options) if options else base
-        shown = base._clients.settings  # what runs, so a dump can rebuild it (from_dict) and never holds a credential
-        self.base_url = redact(str(shown["base_url"]))
-        self.model = self._reranker.model
-        for name in ("timeout", "max_retries"):
-            if getattr(self, name) is None and isinstance(shown.get(name), (int, float)):
-                setattr(self, name, shown[name])
-        for name, value in self._reranker.settings().items():  # so the config shows what runs
-            if getattr(self, name) is None:
-                setattr(self, name, value)
+    if typing.TYPE_CHECKING:  # what IDEs show: every field (tests/test_adapter_copies.py checks it against the model)
+        def __init__(self, *, reranker: CapCalReranker | None = None, api_key: str | None = None, client: Any = None,
+                     async_client: Any = None, top_n: int | None = 5, base_url: str | None = None, model: str | None = None,
+                     timeout: float | None = None, max_retries: int | None = None, preset: str | None = None,
+                     method: str | None = None, alpha: float | str | None = None, guard: float | str | None = None,
+                     check_lists: int | None = None, decision: str | None = None, calibration: str | None = None,
+                     normalise: bool | None = None, placeholder: str | None = None,
+                     template: str | PromptTemplate | None = None, prompt: str | None = None, decoding: str | None = None,
+                     labels: str | None = None, probability: str | None = None, window: int | None = None,
+                     stride: int | None = None, depth: int | None = None, deadline: float | None = None, m: int | None = None,
+                     seed: int | None = None, max_passage_words: int | None = None, max_context: int | None = None,
+                     top_logprobs: int | None = None, concurrency: int | None = None, routing_header: str | None = None,
+                     routed: bool | None = None) -> None: ...
+    else:
+        def __init__(self, *, reranker: CapCalReranker | None = None, api_key: str | None = None,
+                     client: Any = None, async_client: Any = None, **fields: Any) -> None:
+            try:
+                super().__init__(**fields)
+            except ValidationError as err:  # the library's error, as every other bad argument
+                raise InputError(_said(err)) from None
+            connection = {k: fields[k] for k in _CONNECTION if fields.get(k) is not None}  # as given (base_url unredacted)
+            connection.update((k, v) for k, v in (("api_key", api_key), ("client", client),
+                                                  ("async_client", async_client)) if v is not None)
+            if reranker is not None and connection:
+                raise InputError(f"pass either reranker=... or connection settings ({', '.join(connection)}), not both")
+            options = {k: getattr(self, k) for k in OPTION_NAMES if getattr(self, k) is not None}
+            base = reranker or CapCalReranker(**connection)
+            self._reranker = base.with_options(**options) if options else base
+            shown = base._clients.settings  # what runs, so a dump can rebuild it (from_dict) and never holds a credential
+            self.base_url = redact(str(shown["base_url"]))
+            self.model = self._reranker.model
+            for name in ("timeout", "max_retries"):
+                if getattr(self, name) is None and isinstance(shown.get(name), (int, float)):
+                    setattr(self, name, shown[name])
+            for name, value in self._reranker.settings().items():  # so the config shows what runs
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Fields are checked on assignment as in the constructor: an :class:`InputError` (``top_n = 0``, an

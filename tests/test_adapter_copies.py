@@ -153,3 +153,17 @@ def test_every_package_is_typed_and_licensed():
         assert (ROOT / package / "py.typed").is_file(), package
     assert "Apache License" in (ROOT / "LICENSE").read_text() and 'license = { text = "Apache-2.0" }' in (
         ROOT / "pyproject.toml").read_text()
+
+
+def test_the_signature_ides_read_lists_every_field_of_the_settings():
+    """adapter.py's ``TYPE_CHECKING`` ``__init__`` (what static tools show) names exactly the model's fields."""
+    import ast
+
+    from capcal_integrations.adapter import RerankerSettings
+
+    tree = ast.parse((ROOT / "capcal_integrations" / "adapter.py").read_text())
+    [settings] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RerankerSettings"]
+    [stub] = [f for n in settings.body if isinstance(n, ast.If) for f in n.body if isinstance(f, ast.FunctionDef)]
+    named = [a.arg for a in stub.args.kwonlyargs]
+    assert named[:4] == ["reranker", "api_key", "client", "async_client"]
+    assert sorted(named[4:]) == sorted(RerankerSettings.model_fields)
