@@ -1,4 +1,4 @@
-"""The ``capcal`` command: ``serve``, ``rerank``, ``tune``, ``demo``, ``eval`` and ``testbed``.
+"""The ``capcal`` command: ``serve``, ``key``, ``rerank``, ``tune``, ``demo``, ``eval`` and ``testbed``.
 
 With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank``, ``tune`` and ``demo`` reuse the server
 your ``capcal serve`` runs on 127.0.0.1:8080 (once it has proved it is that one: see
@@ -43,7 +43,7 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
 
 def _reranker(args: argparse.Namespace, found: Endpoint) -> CapCalReranker:
     """The reranker for ``found`` (a :class:`~.server.Endpoint`): a local server gets its own key; an
-    endpoint the user named gets ``--api-key`` (None: the openai client's ``$OPENAI_API_KEY``)."""
+    endpoint the user named gets ``--api-key`` (None: ``$CAPCAL_API_KEY``, then ``$OPENAI_API_KEY``)."""
     url, model = found
     return CapCalReranker(base_url=url, model=args.model_name or model, api_key=found.api_key or args.api_key,
                           **options_from_args(args))
@@ -88,13 +88,15 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
                                       "$CAPCAL_BASE_URL, else the server your `capcal serve` runs on 127.0.0.1:8080, "
                                       "else the embedded one)")
     p.add_argument("--api-key", default=None,
-                   help="key for the --base-url endpoint (default: $OPENAI_API_KEY); a local server found or "
-                        "started without --base-url is always sent its own key")
-    p.add_argument("--model", default=None, help="embedded model to start when no endpoint is given (0.5b, the "
-                   "default; 1.5b, smollm2); a running capcal serve is reused only if it serves this model")
+                   help="key for the --base-url endpoint (default: $CAPCAL_API_KEY, then $OPENAI_API_KEY); a local "
+                        "server found or started without --base-url is always sent its own key")
+    p.add_argument("--model", default=None,
+                   help="the model: with --base-url, the name to ask the endpoint for (default: the first it lists); "
+                        "without, the embedded model to use (0.5b, the default; 1.5b, smollm2): a running capcal serve "
+                        "is reused only if it serves this model (the same meaning as in capcal eval)")
     p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
                    help="engine of the embedded server started when no endpoint is given (default llamacpp)")
-    p.add_argument("--model-name", default=None, help="model name to send to the endpoint (default: the first it lists)")
+    p.add_argument("--model-name", default=None, help=argparse.SUPPRESS)  # before --model meant both: kept working
     add_option_flags(p)
 
 
@@ -173,6 +175,8 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     sink = _replacing(args.output) if args.output else contextlib.nullcontext(sys.stdout)
     with sink as out, _endpoint(args) as found:
         rr = _reranker(args, found)
+        if args.top_n and "depth" not in options_from_args(args):  # decode only the places written
+            rr = rr.with_options(depth=args.top_n)
         for row in tqdm(requests, desc=f"rerank ({rr.method})", unit="query", disable=len(requests) < 2 and None):
             ranking = rr.rerank(row["query"], row["passages"])
             ranked = [{"index": i, "score": ranking.scores[i], "passage": row["passages"][i]} for i in ranking.order]
@@ -267,20 +271,65 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- key
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    """Print the key of the server this user's ``capcal serve`` runs on ``--port`` (after the checks that it is
+    that server), alone on stdout: ``export CAPCAL_API_KEY=$(capcal key)``."""
+    from .server.launcher import DEFAULT_PORT
+    from .server.ownership import NotOurs, check_own_server
+
+    port = args.port or DEFAULT_PORT
+    try:
+        record = check_own_server(port)
+    except NotOurs as why:
+        raise InputError(f"no capcal serve of yours found on port {port} ({why}); start one with `capcal serve"
+                         f"{'' if port == DEFAULT_PORT else f' --port {port}'}`") from None
+    _out(record.api_key)
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
+DESCRIPTION = "Position-bias-calibrated LLM listwise reranking (CapCal) from the command line."
+EPILOG = """examples:
+  capcal serve                      # the embedded model on 127.0.0.1:8080 (prints where its key is)
+  export CAPCAL_API_KEY=$(capcal key)
+  capcal rerank --query "how long do fleas live" --passages passages.txt --top-n 3
+  capcal demo
+
+-v (--verbose) goes before or after the command."""
+
+
+def _at_least_one(text: str) -> int:
+    """``--top-n``: an integer >= 1 (argparse exits 2 with this message otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of passages, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (omit it to write every passage), got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="capcal", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="capcal", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests and decisions")
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_serve_parser(sub)
 
+    p = sub.add_parser("key", help="print the API key of your running capcal serve (export CAPCAL_API_KEY=$(capcal key))")
+    p.add_argument("--port", type=int, default=None, help="the port capcal serve listens on (default 8080)")
+
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
     _add_input_options(p)
     p.add_argument("--output", help="write JSONL here instead of stdout")
-    p.add_argument("--top-n", type=int, default=None)
+    p.add_argument("--top-n", type=_at_least_one, default=None,
+                   help="write the best N passages; only that many places are decoded (the --depth option; default: all)")
     p.add_argument("--workers", type=int, default=None,
                    help="batch on Ray: this many workers (default: one per --base-url; several comma-separated "
                         "--base-url also start a batch), each bound to one endpoint; --output is appended to and a "
@@ -300,8 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "no tokenizer routes): method auto then runs first-token-capcal")
     _add_method_options(p)
 
-    sub.add_parser("eval", help="evaluate methods on a benchmark (see `capcal eval --help`)", add_help=False)
-    sub.add_parser("testbed", help="measure the methods on the simulated reranker (see `capcal testbed --help`)",
+    for command in sub.choices.values():  # -v after the command too (its default does not hide one given before)
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="log requests and decisions")
+
+    sub.add_parser("eval", help="evaluate methods on a benchmark (see: capcal eval --help)", add_help=False)
+    sub.add_parser("testbed", help="measure the methods on the simulated reranker (see: capcal testbed --help)",
                    add_help=False)
     return parser
 
@@ -363,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, "%(name)s: %(message)s")
     logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
-    commands = {"serve": serve_command, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}
+    commands = {"serve": serve_command, "key": cmd_key, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}
     return _handled(lambda: commands[args.command](args), args.verbose)
 
 

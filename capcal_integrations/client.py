@@ -12,12 +12,14 @@ asyncio): pass ``async_http_client`` or ``async_client`` for that.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import math
 import numbers
 import os
 import weakref
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 import openai
@@ -26,23 +28,52 @@ from .errors import InputError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clients", "resolve_base_url", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES"]
+__all__ = ["Clients", "resolve_base_url", "resolve_api_key", "http_library", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES"]
 
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_RETRIES = 2
 _NO_ENDPOINT = (
     "no endpoint configured: pass base_url=... (or client=...), or set CAPCAL_BASE_URL or OPENAI_BASE_URL. "
-    "For the embedded local model run `capcal serve` in another terminal and use base_url='http://127.0.0.1:8080/v1'."
+    "For the embedded local model run `capcal serve` in another terminal and set CAPCAL_API_KEY=$(capcal key) "
+    "(base_url then defaults to http://127.0.0.1:8080/v1)."
 )
 
 
+def http_library() -> ModuleType:
+    """The HTTP library the installed ``openai`` is built on: ``httpx2`` for openai 3.x, ``httpx`` for 2.x.
+    An ``http_client`` / ``async_http_client`` (proxies, custom transports, ``MockTransport``) must be one of
+    its ``Client`` / ``AsyncClient``; both libraries have the same API.
+
+    >>> http_library().__name__ == ("httpx2" if int(openai.__version__.split(".")[0]) >= 3 else "httpx")
+    True
+    """
+    return importlib.import_module("httpx2" if _OPENAI_MAJOR >= 3 else "httpx")
+
+
+_OPENAI_MAJOR = int(openai.__version__.split(".")[0])
+
+
+#: where ``capcal serve`` listens by default (server/launcher.py's DEFAULT_PORT)
+LOCAL_SERVE_URL = "http://127.0.0.1:8080/v1"
+
+
 def resolve_base_url(base_url: str | None = None) -> str:
-    """``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``; an :class:`InputError` that
-    says how to start the embedded server when none is set."""
+    """``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``, else, with ``$CAPCAL_API_KEY`` set
+    (the key of a ``capcal serve``), where ``capcal serve`` listens by default (:data:`LOCAL_SERVE_URL`);
+    an :class:`InputError` that says how to start the embedded server when none is set."""
     url = base_url or os.environ.get("CAPCAL_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+    if not url and os.environ.get("CAPCAL_API_KEY"):
+        log.info("no base_url: using %s (capcal serve's default) with $CAPCAL_API_KEY", LOCAL_SERVE_URL)
+        url = LOCAL_SERVE_URL
     if not url:
         raise InputError(_NO_ENDPOINT)
     return url
+
+
+def resolve_api_key(api_key: str | None = None) -> str:
+    """``api_key``, else ``$CAPCAL_API_KEY`` (the key of a ``capcal serve`` server: ``capcal key`` prints it),
+    else ``$OPENAI_API_KEY``, else a placeholder for keyless servers."""
+    return api_key or os.environ.get("CAPCAL_API_KEY") or os.environ.get("OPENAI_API_KEY") or "not-needed"
 
 
 def _settings_of(client: openai.OpenAI | openai.AsyncOpenAI) -> dict[str, Any]:
@@ -84,7 +115,7 @@ class Clients:
         else:
             self.settings = {
                 "base_url": resolve_base_url(base_url),
-                "api_key": api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
+                "api_key": resolve_api_key(api_key),
                 "timeout": DEFAULT_TIMEOUT if timeout is None else timeout,
                 "max_retries": DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
                 "default_headers": default_headers, "default_query": default_query}

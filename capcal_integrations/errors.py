@@ -56,13 +56,63 @@ class CapabilityError(CapCalError):
         self.alternatives = alternatives
 
 
-class EndpointError(CapCalError):
-    """The endpoint answered with an error status, or could not be used at all."""
+#: what to do next, by HTTP status (the message says it after what failed)
+KEY_HINT = ("the endpoint wants an API key: set CAPCAL_API_KEY (or pass api_key=...); "
+            "for a `capcal serve` server, `capcal key` prints its key")
+NOT_FOUND_HINT = "does base_url end in /v1 (e.g. http://127.0.0.1:8080/v1)?"
+UNREACHABLE_HINT = "is the server running there? (`capcal serve` starts the embedded one)"
 
-    def __init__(self, message: str, *, status: int | None = None, body: object = None) -> None:
+
+class EndpointError(CapCalError):
+    """The endpoint answered with an error status, or could not be used at all.
+
+    Its message names the URL asked (:attr:`url`, credentials redacted) and, where the status says what
+    to do, the next step: 401/403 the key (``CAPCAL_API_KEY``), 404 the ``/v1`` of ``base_url``.
+
+    >>> str(EndpointError("GET models: HTTP 401: unauthorized", status=401, url="http://u:pw@h:8080/v1/models"))
+    'GET models: HTTP 401: unauthorized (http://***@h:8080/v1/models); the endpoint wants an API key: set \
+CAPCAL_API_KEY (or pass api_key=...); for a `capcal serve` server, `capcal key` prints its key'
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, body: object = None, url: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.body = body
+        self._url = url
+
+    @property
+    def url(self) -> str | None:
+        """The URL of the failed request, credentials redacted: the one given, else that of the ``openai``
+        error this one was raised from (``raise EndpointError(...) from err``)."""
+        url = self._url or _request_url(self.__cause__)
+        return _redacted(url) if url else None
+
+    def hint(self) -> str:
+        """The next step for this failure, or ``""``."""
+        if self.status in (401, 403):
+            return KEY_HINT
+        if self.status == 404:
+            return NOT_FOUND_HINT
+        return ""
+
+    def __str__(self) -> str:
+        message, url, hint = super().__str__(), self.url, self.hint()
+        if url and url not in message:
+            message += f" ({url})"
+        return f"{message}; {hint}" if hint and hint not in message else message
+
+
+def _request_url(err: BaseException | None) -> str | None:
+    try:
+        return str(err.request.url) if err is not None else None  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - no request behind it (openai raises this property's RuntimeError)
+        return None
+
+
+def _redacted(url: str) -> str:
+    from .redaction import redact  # redaction imports nothing of ours; kept local so the tree stays first
+
+    return redact(url)
 
 
 class EndpointTimeout(EndpointError):
@@ -70,7 +120,15 @@ class EndpointTimeout(EndpointError):
 
 
 class EndpointUnreachable(EndpointError):
-    """The endpoint could not be reached (connection refused, DNS, TLS)."""
+    """The endpoint could not be reached (connection refused, DNS, TLS); the message names the URL.
+
+    >>> str(EndpointUnreachable("GET models: cannot reach the endpoint", url="http://127.0.0.1:9/v1/models"))
+    'GET models: cannot reach the endpoint (http://127.0.0.1:9/v1/models); is the server running there? \
+(`capcal serve` starts the embedded one)'
+    """
+
+    def hint(self) -> str:
+        return UNREACHABLE_HINT
 
 
 class ResponseError(EndpointError):

@@ -22,10 +22,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import httpx2
-
 from .answers import excerpt
+from .client import http_library
 from .errors import EndpointTimeout, EndpointUnreachable, ResponseError
+
+httpx2 = http_library()  # the installed openai's HTTP library: httpx2 (openai 3.x) or httpx (2.x)
 
 __all__ = ["MAX_BODY", "send", "asend", "decode", "Stopped"]
 
@@ -45,7 +46,7 @@ def _streamed(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _transport_errors() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
     """(timeouts, other transport failures) of httpx2 and, if a client of it is in use, legacy httpx."""
-    modules = [httpx2, *([sys.modules["httpx"]] if "httpx" in sys.modules else [])]
+    modules = list(dict.fromkeys([httpx2, *([sys.modules["httpx"]] if "httpx" in sys.modules else [])]))
     return tuple(m.TimeoutException for m in modules), tuple(m.HTTPError for m in modules)
 
 

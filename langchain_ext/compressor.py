@@ -11,14 +11,15 @@ Only the ``top_n`` places returned are decoded (``depth`` follows ``top_n`` unle
 It returns **new** ``Document`` objects, best first (copies: the caller's documents and their
 metadata are never touched), with two metadata entries:
 
-* ``"relevance_score"`` (:data:`RELEVANCE_SCORE_KEY`): the calibrated relevance
-  (:attr:`capcal_integrations.Ranking.scores`), higher is better;
-* ``"capcal"`` (:data:`DETAILS_KEY`): how the document was placed: ``rank`` and ``input_rank``
-  (1-based), ``method``, and from the last decoding step it took part in the real-prompt probability
-  ``p``, the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts
-  label probabilities of the whole ranking that were upper bounds (endpoint top-k too small); ``decoded``
-  (False for a place below the depth or after a deadline: not chosen by the model) and ``partial`` (the
-  deadline cut the ranking).
+* ``"relevance_score"`` (:data:`RELEVANCE_SCORE_KEY`, LangChain's key for a reranker's score, as
+  langchain-cohere's): the calibrated relevance (:attr:`capcal_integrations.Ranking.scores`), higher is better;
+* ``"capcal"`` (:data:`DETAILS_KEY`; ``"capcal_rerank"`` where the document's own metadata already has a
+  ``"capcal"``, which is kept: :func:`~capcal_integrations.adapter.metadata_key`): how the document was
+  placed: ``rank`` and ``input_rank`` (1-based), ``method``, and from the last decoding step it took part in
+  the real-prompt probability ``p``, the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``;
+  ``upper_bounds`` counts label probabilities of the whole ranking that were upper bounds (endpoint top-k too
+  small); ``decoded`` (False for a place below the depth or after a deadline: not chosen by the model) and
+  ``partial`` (the deadline cut the ranking).
 
 Each call is traced as a chain run named ``"CapCalRerank"`` under the callbacks it is given (the
 retriever's child run in a ``ContextualCompressionRetriever``). Inside it, the reranking's LLM requests show
@@ -47,12 +48,12 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import RerankerSettings, rerank_summary
+from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY"]
 
 RELEVANCE_SCORE_KEY = "relevance_score"
-DETAILS_KEY = "capcal"
+DETAILS_KEY = METADATA_KEY
 
 
 class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
@@ -122,10 +123,13 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
     def _finish(self, documents: list[Document], ranking: Ranking) -> list[Document]:
         self._last_ranking = ranking
         details = ranking.details()
-        return [documents[i].model_copy(update={"metadata": {**copy.deepcopy(documents[i].metadata),
-                                                            RELEVANCE_SCORE_KEY: ranking.scores[i],
-                                                            DETAILS_KEY: details[i]}})
-                for i in ranking.top(self.top_n)]
+        out = []
+        for i in ranking.top(self.top_n):
+            metadata = copy.deepcopy(documents[i].metadata)
+            metadata[RELEVANCE_SCORE_KEY] = ranking.scores[i]
+            metadata[metadata_key(metadata)] = details[i]  # the document's own "capcal" is kept
+            out.append(documents[i].model_copy(update={"metadata": metadata}))
+        return out
 
 
 def _texts(documents: list[Document]) -> list[str]:

@@ -10,15 +10,15 @@ Only the ``top_n`` places returned are decoded (``depth`` follows ``top_n`` unle
 
 It returns **new** ``NodeWithScore`` objects, best first, whose ``score`` is the calibrated relevance
 (:attr:`capcal_integrations.Ranking.scores`). Each carries a deep copy of its node (the caller's
-nodes are never touched) with two metadata entries, both hidden from the LLM and embedding text:
-
-* ``"retrieval_score"`` (:data:`RETRIEVAL_SCORE_KEY`): the score the node came in with (``None`` if none);
-* ``"capcal"`` (:data:`DETAILS_KEY`): how the node was placed: ``rank`` and ``input_rank`` (1-based),
-  ``method``, and from the last decoding step it took part in the real-prompt probability ``p``,
-  the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts label
-  probabilities of the whole ranking that were upper bounds (endpoint top-k too small); ``decoded`` (False
-  for a place below the depth or after a deadline: not chosen by the model) and ``partial`` (the deadline
-  cut the ranking).
+nodes are never touched) with one metadata entry of the library's, hidden from the LLM and embedding text:
+``"capcal"`` (:data:`DETAILS_KEY`; ``"capcal_rerank"`` where the node's own metadata already has a ``"capcal"``,
+which is kept: :func:`~capcal_integrations.adapter.metadata_key`), how the node was placed: ``rank`` and
+``input_rank`` (1-based), ``retrieval_score`` (:data:`RETRIEVAL_SCORE_KEY`: the score the node came in with,
+``None`` if none), ``method``, and from the last decoding step it took part in the real-prompt probability
+``p``, the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts label
+probabilities of the whole ranking that were upper bounds (endpoint top-k too small); ``decoded`` (False
+for a place below the depth or after a deadline: not chosen by the model) and ``partial`` (the deadline
+cut the ranking). A node's own ``retrieval_score`` or ``capcal`` metadata is never overwritten.
 
 The whole :class:`~capcal_integrations.Ranking` of the latest call (prior, every step, usage) is
 :attr:`CapCalRerank.last_ranking`. Events: ``ReRankStartEvent`` / ``ReRankEndEvent`` through the
@@ -47,12 +47,14 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import RerankerSettings, rerank_summary
+from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
+#: the entry of the details that holds the score a node came in with
 RETRIEVAL_SCORE_KEY = "retrieval_score"
-DETAILS_KEY = "capcal"
+#: the metadata key of the details (``"capcal_rerank"`` where the node already has a ``"capcal"`` of its own)
+DETAILS_KEY = METADATA_KEY
 
 dispatcher = get_dispatcher(__name__)
 
@@ -128,9 +130,9 @@ def _annotated_copy(scored: NodeWithScore, details: dict[str, Any]) -> BaseNode:
     node = scored.node
     keep = {id(node.__dict__["obj"]): node.__dict__["obj"]} if "obj" in node.__dict__ else {}
     node = copy.deepcopy(node, keep)
-    node.metadata[RETRIEVAL_SCORE_KEY] = scored.score
-    node.metadata[DETAILS_KEY] = details
+    key = metadata_key(node.metadata)  # the node's own entries are kept
+    node.metadata[key] = {**details, RETRIEVAL_SCORE_KEY: scored.score}
     for hidden in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
-        hidden.extend(k for k in (RETRIEVAL_SCORE_KEY, DETAILS_KEY) if k not in hidden)
+        if key not in hidden:
+            hidden.append(key)
     return node
-

@@ -99,5 +99,5 @@ def test_model() -> str:
 @pytest.fixture(autouse=True)
 def hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the developer's endpoint settings out of every test."""
-    for name in ("CAPCAL_BASE_URL", "CAPCAL_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+    for name in ("CAPCAL_BASE_URL", "CAPCAL_API_KEY", "CAPCAL_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)

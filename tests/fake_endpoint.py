@@ -1,6 +1,7 @@
 """A fake llama.cpp-style endpoint for unit tests of parsing, error paths and invariants.
 
-It is an ``httpx2.MockTransport`` handler: a tiny tokenizer (``[``, `` [``, ``]``, ``>``, digits, letters),
+It is a ``MockTransport`` handler of the installed openai's HTTP library (``httpx2`` for openai 3.x,
+``httpx`` for 2.x: ``capcal_integrations.client.http_library``): a tiny tokenizer (``[``, `` [``, ``]``, ``>``, digits, letters),
 ``/apply-template``, and ``/v1/completions`` / ``/v1/chat/completions`` whose next-token
 distributions are pseudo-random but deterministic in the prompt. It never stands in for the real
 end-to-end tests (tests/test_e2e.py), which run against llama.cpp's server and a real model.
@@ -12,10 +13,16 @@ import hashlib
 import json
 import math
 import random
+import threading
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
 
-import httpx2
 import openai
+
+from capcal_integrations.client import http_library
+
+httpx2 = http_library()  # the name kept: tests import it from here to build clients and responses
 
 VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, ">": 29, "x": 87}
 VOCAB.update({str(d): 15 + d for d in range(10)})
@@ -211,3 +218,60 @@ def tokenized_texts(calls: list) -> list[str]:
     untrusted spans go in one batch, between separator ids)."""
     sent = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
     return [x for content in sent for x in (content if isinstance(content, list) else [content]) if isinstance(x, str)]
+
+
+class Seen(NamedTuple):
+    """One request a :class:`Loopback` server answered."""
+
+    method: str
+    path: str
+    auth: str | None
+    status: int
+    body: str
+
+
+class Loopback:
+    """The fake endpoint on a real socket (127.0.0.1, a free port unless ``port``), for what crosses a process or
+    needs no custom transport: a pickled adapter, the CLI. ``key``: every route but ``/health`` wants
+    ``Authorization: Bearer key`` (401 otherwise), as ``capcal serve`` does. Records what it was asked (``seen``).
+    Needs only the standard library and the installed openai's HTTP library (both openai majors)."""
+
+    def __init__(self, *, key: str | None = None, port: int = 0) -> None:
+        self.key, self.seen = key, []
+        fake, outer = make_handler(), self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                auth = self.headers.get("Authorization")
+                if self.path == "/health":
+                    status, content = 200, b'{"status": "ok"}'
+                elif outer.key and auth != f"Bearer {outer.key}":
+                    status, content = 401, b'{"error": {"message": "Invalid API Key", "code": 401}}'
+                else:
+                    answer = fake(httpx2.Request(self.command, "http://fake" + self.path, content=body))
+                    status, content = answer.status_code, answer.content
+                outer.seen.append(Seen(self.command, self.path, auth, status, body.decode(errors="replace")))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = _answer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> Loopback:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -43,3 +43,26 @@ def test_headers_and_query_reach_both_clients_built_from_settings():
 def test_a_ready_client_and_connection_settings_together_are_an_error():
     with pytest.raises(InputError, match="not both"):
         CapCalReranker(client=openai.OpenAI(base_url="http://x/v1", api_key="k"), base_url="http://y/v1")
+
+
+def test_http_clients_of_the_installed_openai_major_are_accepted():
+    """Issue 24: openai 2.x is built on httpx, 3.x on httpx2; the fake endpoint's transport and the testbed's
+    clients come from :func:`http_library`, so the same tests run under both majors."""
+    from capcal_integrations.client import http_library
+    from tests.fake_endpoint import httpx2 as fake_http
+    from tests.fake_endpoint import make_handler
+
+    http = http_library()
+    assert http.__name__ == ("httpx2" if openai.__version__.startswith("3.") else "httpx") and fake_http is http
+    rr = CapCalReranker(base_url="http://fake.test/v1", http_client=http.Client(transport=http.MockTransport(make_handler())))
+    assert sorted(rr.rerank("q", ["a", "b", "c"]).order) == [0, 1, 2]
+
+
+def test_capcal_api_key_comes_after_the_argument_and_before_openai_api_key(monkeypatch):
+    """Issue 24: the key of ``capcal serve`` is read from ``$CAPCAL_API_KEY``."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    monkeypatch.setenv("CAPCAL_API_KEY", "capcal-key")
+    assert CapCalReranker(base_url="http://127.0.0.1:9/v1").client.api_key == "capcal-key"
+    assert CapCalReranker(base_url="http://127.0.0.1:9/v1", api_key="given").client.api_key == "given"
+    monkeypatch.delenv("CAPCAL_API_KEY")
+    assert CapCalReranker(base_url="http://127.0.0.1:9/v1").client.api_key == "sk-openai"

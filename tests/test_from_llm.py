@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx2
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler
 from langchain_core.documents import Document
@@ -22,7 +21,7 @@ from capcal_integrations import InputError
 from capcal_integrations.adapter import clients_of
 from langchain_ext import CapCalRerank as LangChainRerank
 from llamaindex_ext import CapCalRerank as LlamaIndexRerank
-from tests.fake_endpoint import make_handler
+from tests.fake_endpoint import httpx2, make_handler
 
 SECRET = "sk-secret-18-do-not-leak"
 QUERY = "which passage is about topic 1?"
@@ -133,28 +132,6 @@ def test_usage_reaches_the_callbacks_and_usage_tools():
 # --------------------------------------------------------------------------- LlamaIndex
 
 
-def _openai_like(**kwargs):
-    openai_like = pytest.importorskip("llama_index.llms.openai_like", reason="pip install llama-index-llms-openai-like")
-    return openai_like.OpenAILike(**kwargs)
-
-
-def test_openai_like_client_is_reused_with_its_settings():
-    http, seen = _recording_transport()
-    llm = _openai_like(model="fake", api_base="http://fake.test/v1", api_key=SECRET, http_client=http,
-                       default_headers={"X-Team": "search"}, timeout=9, max_retries=0, is_chat_model=True)
-    rerank = LlamaIndexRerank.from_llm(llm, top_n=2, method="capcal", guard=None)
-    from llama_index.core.schema import NodeWithScore, TextNode
-
-    out = rerank.postprocess_nodes([NodeWithScore(node=TextNode(text=t), score=1.0) for t in TEXTS], query_str=QUERY)
-    assert len(out) == 2 and rerank.model == "fake"
-    sent = [r for r in seen if r.url.path == "/v1/completions"]
-    assert sent and all(r.headers["X-Team"] == "search" and r.headers["Authorization"] == f"Bearer {SECRET}"
-                        for r in sent)
-    core = rerank.reranker.client
-    assert (core.timeout, core.max_retries) == (9.0, 0)
-    assert SECRET not in repr(rerank) + rerank.to_json()
-
-
 def test_llamaindex_end_events_carry_the_usage():
     from llama_index.core.callbacks import CallbackManager, CBEventType
     from llama_index.core.callbacks.base_handler import BaseCallbackHandler as LlamaHandler
@@ -231,15 +208,3 @@ def test_from_chat_openai_on_the_real_server(server_url, test_model):
     assert ranking.method == "capcal" and ranking.decoded == 2 and ranking.usage.prompt_tokens > 0
     assert usage.usage_metadata[test_model]["input_tokens"] == ranking.usage.prompt_tokens
     assert llm.invoke("Say OK.", max_tokens=2).content  # the chat model still works as before
-
-
-def test_from_openai_like_on_the_real_server(server_url, test_model):
-    llm = _openai_like(model=test_model, api_base=server_url, api_key="not-needed", is_chat_model=True, timeout=300)
-    from llama_index.core.schema import NodeWithScore, TextNode
-
-    rerank = LlamaIndexRerank.from_llm(llm, top_n=2, method="vanilla", max_passage_words=30)
-    nodes = [NodeWithScore(node=TextNode(text=t), score=1.0) for t in
-             ["Paris is the capital of France.", "Bananas are yellow.", "France's capital city is Paris.",
-              "Rust is a programming language."]]
-    out = asyncio.run(rerank.apostprocess_nodes(nodes, query_str="what is the capital of France?"))
-    assert len(out) == 2 and rerank.last_ranking.usage.requests > 0 and rerank.last_ranking.decoded == 2

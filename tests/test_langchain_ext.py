@@ -19,7 +19,7 @@ from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetr
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnablePassthrough
-from pydantic import PrivateAttr, ValidationError
+from pydantic import PrivateAttr
 
 import langchain_ext
 from capcal_integrations import CapCalReranker, InputError
@@ -122,8 +122,8 @@ def test_import_without_langchain_names_the_extra():
 def test_construction():
     with pytest.raises(InputError, match="capcal serve"):
         CapCalRerank()
-    with pytest.raises(ValidationError, match="top_nn"):
-        CapCalRerank(base_url=NOWHERE, top_nn=3)  # typos are errors, not silently ignored
+    with pytest.raises(InputError, match="top_nn"):
+        CapCalRerank(base_url=NOWHERE, top_nn=3)  # typos are errors (the library's InputError), not silently ignored
     with pytest.raises(InputError, match="alpha"):
         CapCalRerank(base_url=NOWHERE, alpha=-1)
     compressor = CapCalRerank(base_url=NOWHERE, method="first-token-capcal", placeholder="", window=6, stride=3)

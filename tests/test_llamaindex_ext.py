@@ -187,9 +187,9 @@ def test_single_node_needs_no_model_and_is_copied(events):
     assert given.model_dump() == before
     assert out is not given and out.node is not given.node and out.node.node_id == given.node.node_id
     assert out.score == rerank.last_ranking.scores[0] == 1.0
-    assert out.node.metadata[RETRIEVAL_SCORE_KEY] == 10.0
     assert out.node.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "auto", "upper_bounds": 0,
-                                                  "kept_given_order": False, "decoded": True, "partial": False}
+                                              "kept_given_order": False, "decoded": True, "partial": False,
+                                              RETRIEVAL_SCORE_KEY: 10.0}  # one key of the library's (issue 23)
     # the added keys stay out of the text the LLM and the embedder see
     assert out.node.get_content(MetadataMode.LLM) == given.node.get_content(MetadataMode.LLM)
     assert out.node.get_content(MetadataMode.EMBED) == given.node.get_content(MetadataMode.EMBED)
@@ -205,7 +205,7 @@ def test_index_node_object_is_shared_not_copied():
     given = NodeWithScore(node=IndexNode(text="a summary", index_id="sub", obj=engine), score=None)
     [out] = CapCalRerank(base_url=NOWHERE).postprocess_nodes([given], query_str=QUERY)
     assert out.node.obj is engine and out.node is not given.node
-    assert out.node.metadata[RETRIEVAL_SCORE_KEY] is None and RETRIEVAL_SCORE_KEY not in given.node.metadata
+    assert out.node.metadata[DETAILS_KEY][RETRIEVAL_SCORE_KEY] is None and DETAILS_KEY not in given.node.metadata
 
 
 def test_passage_details_worked_example():
@@ -262,7 +262,8 @@ def _check_against_core(out, retrieved, rerank, top_n, want):
     assert ranking.decoded == top_n
     assert [n.node.node_id for n in out] == [retrieved[i].node.node_id for i in ranking.top(top_n)]
     assert [n.score for n in out] == [ranking.scores[i] for i in ranking.top(top_n)]
-    assert [n.node.metadata[RETRIEVAL_SCORE_KEY] for n in out] == [retrieved[i].score for i in ranking.top(top_n)]
+    assert [n.node.metadata[DETAILS_KEY][RETRIEVAL_SCORE_KEY] for n in out] == [retrieved[i].score
+                                                                                for i in ranking.top(top_n)]
     assert [n.node.metadata[DETAILS_KEY]["rank"] for n in out] == list(range(1, len(out) + 1))
     assert_same_ranking(ranking, want)
 

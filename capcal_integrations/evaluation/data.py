@@ -83,6 +83,11 @@ class Dataset:
         return Dataset(self.name, topics, tuple(q for q in self.qrels if q.query_id in keep))
 
 
+#: the layout a dataset directory must have, said by the error for one that lacks it
+LAYOUT = ('Expected DIR/candidates.jsonl.gz (gzipped JSON lines: {"qid": ..., "query": ..., "candidates": '
+          '[{"docid": ..., "text": ...}, ...]}, best first) and DIR/qrels.txt (lines: qid 0 docid grade)')
+
+
 def load_dataset(path: str | pathlib.Path) -> Dataset:
     """Read a directory in the shared format. Topics without any judgement are kept (they count as
     zero in every measure, as trec_eval does not; ir_measures skips them) but logged by the caller."""
@@ -90,7 +95,7 @@ def load_dataset(path: str | pathlib.Path) -> Dataset:
     cand_file, qrels_file = root / "candidates.jsonl.gz", root / "qrels.txt"
     for f in (cand_file, qrels_file):
         if not f.is_file():
-            raise InputError(f"{root} is not a dataset in the shared format: missing {f.name}")
+            raise InputError(f"{root} is not a dataset in the shared format: missing {f.name}. {LAYOUT}")
     topics = []
     with gzip.open(cand_file, "rt", encoding="utf-8") as f:
         for line in f:

@@ -66,8 +66,8 @@ def _serve_vllm(args: argparse.Namespace, api_key: str) -> int:
     vllm.check_vllm()
     check_port(args.host, args.port)  # before the state file: a busy port may hold another server of ours
     state = record_server(args.host, args.port, api_key, engine="vllm", model=args.model)
-    sys.stderr.write(f"capcal: the API key is in {state} (readable by you only); capcal rerank, tune and demo on "
-                     "this machine find it there\n")
+    sys.stderr.write(f"capcal: the API key is in {state} (readable by you only; `capcal key` prints it); capcal "
+                     "rerank, tune and demo on this machine find it there\n")
     sys.stderr.flush()
     try:
         return vllm.serve(args.model, args.host, args.port, api_key=api_key,

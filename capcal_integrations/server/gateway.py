@@ -28,7 +28,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx2
+from ..client import http_library
 
 __all__ = ["HostedGateway", "KINDS", "MAX_TOP_LOGPROBS"]
 
@@ -52,7 +52,8 @@ class HostedGateway:
         self.upstream, self.kind = upstream.rstrip("/"), kind
         self.requests: Counter[str] = Counter()
         self._key = api_key
-        self._http = httpx2.Client(timeout=600, headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        self._http = http_library().Client(timeout=600,  # httpx or httpx2, as the openai installed
+                                           headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None

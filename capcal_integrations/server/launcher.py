@@ -125,7 +125,7 @@ class EmbeddedServer:
         """Fail here, in the parent, for what the child would only report in its log."""
         if importlib.util.find_spec("xllamacpp") is None:
             raise MissingExtra("xllamacpp", "embedded")
-        model_path(self.model)  # install/assemble the weights
+        model_path(self.model)  # assemble and verify the weights its extra installed (never pip here)
 
     def _command(self, parent_fd: int) -> list[str]:
         """The child's command line; it must exit when ``parent_fd`` (the read end of the lifeline) reads EOF."""

@@ -93,8 +93,8 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
         state = record_server(host, port, api_key, engine="llama.cpp", model=model) if record and api_key else None
         try:
             if state:
-                sys.stderr.write(f"capcal: the API key is in {state} (readable by you only); capcal rerank, tune "
-                                 "and demo on this machine find it there\n")
+                sys.stderr.write(f"capcal: the API key is in {state} (readable by you only; `capcal key` prints "
+                                 "it); capcal rerank, tune and demo on this machine find it there\n")
             sys.stderr.flush()
             stop.wait()
         finally:

