@@ -37,8 +37,13 @@ from capcal_integrations.options import Options  # noqa: E402
 def _partial(args: argparse.Namespace, rows: list[dict], **facts: object) -> None:
     """The rows read so far, saved after every query (``--readings`` replays a run that was stopped)."""
     out = pathlib.Path(args.out or HERE / "results" / f"real-decision-{args.model}")
-    out.with_suffix(".json").write_text(json.dumps({"model": args.model, "options": args.set, "queries": len(rows),
+    _named(out, ".json").write_text(json.dumps({"model": args.model, "options": args.set, "queries": len(rows),
                                                     "partial": True, "rows": rows, **facts}) + "\n")
+
+
+def _named(out: pathlib.Path, suffix: str) -> pathlib.Path:
+    """``out`` with ``suffix`` appended (``real-decision-0.5b`` keeps its ``.5b``)."""
+    return out.parent / (out.name + suffix)
 
 
 def replay(readings: list[Reading], orders: int, seed: int = 0) -> dict:
@@ -207,9 +212,9 @@ def main() -> int:
     verdicts = replay(readings, a.orders)
     result["replay"] = {"orders": a.orders, "verdicts": verdicts}
     out = pathlib.Path(a.out or HERE / "results" / f"real-decision-{result['model']}")
-    out.with_suffix(".json").write_text(json.dumps(result) + "\n")
-    out.with_suffix(".md").write_text(report(result, verdicts, a.orders, command))
-    print(out.with_suffix(".md").read_text())
+    _named(out, ".json").write_text(json.dumps(result) + "\n")
+    _named(out, ".md").write_text(report(result, verdicts, a.orders, command))
+    print(_named(out, ".md").read_text())
     return 0
 
 
