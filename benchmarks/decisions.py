@@ -35,7 +35,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from capcal_integrations.contrast import CAP, MIN_PASSAGES, Evidence, Reading, agreement, reading_orders  # noqa: E402
+from capcal_integrations.contrast import CAP, MIN_PASSAGES, Evidence, Reading, agreement, alignment, reading_orders  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 NULL_SCENARIOS = ("no-delta", "ties", "heavy-tails", "noise-scale-0.5", "noise-scale-1", "scale-1.5b", "shared-slots",
@@ -81,7 +81,8 @@ def one_decision(args: tuple) -> tuple[str, int]:
         keys = [f"p{k}-{i}" for i in range(n)]
         slots = tuple(tuple(model.logits([g[i] for i in order], f"q{k} r{r}", [keys[i] for i in order], list_key=f"q{k}"))
                       for r, order in enumerate(reading_orders(n)))
-        evidence.add(agreement(Reading(slots)))
+        reading = Reading(slots)
+        evidence.add(agreement(reading), alignment(reading))
     return evidence.verdict, evidence.queries
 
 

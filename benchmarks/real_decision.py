@@ -30,7 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.contrast import CAP, Evidence, Reading, agreement  # noqa: E402
+from capcal_integrations.contrast import CAP, Evidence, Reading, agreement, alignment  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def replay(readings: list[Reading], orders: int, seed: int = 0) -> dict:
     for _ in range(orders):
         evidence = Evidence(cap=CAP)
         for r in rng.sample(readings, len(readings)):
-            if evidence.add(agreement(r)) is not None:
+            if evidence.add(agreement(r), alignment(r)) is not None:
                 break
         verdict = evidence.verdict or f"undecided after all {len(readings)}"
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
             rows.append({"qid": t.qid, "query": t.query, "method": ranking.method, "order": list(ranking.order),
                          "ndcg10": ndcg10([g[i] for i in ranking.order], sorted(judged.values(), reverse=True)),
                          "bm25": ndcg10(g, sorted(judged.values(), reverse=True)), "seconds": round(seconds, 2),
-                         "score": agreement(reading), "e_after": check.evidence.for_reads,
+                         "score": agreement(reading), "aligned": alignment(reading), "e_after": check.evidence.for_reads,
                          "reading": {"slots": [list(s) for s in reading.slots], "empty": list(reading.empty or ())}})
             print(f"{k + 1}/{len(topics)} {ranking.method} score {rows[-1]['score']:.2f} e {check.evidence.for_reads:.3g} "
                   f"verdict {check.evidence.verdict}", file=sys.stderr, flush=True)
@@ -141,7 +141,7 @@ def complete(args: argparse.Namespace) -> dict:
             _, _, c, d = reading_orders(n)
             reading = Reading((tuple(a), tuple(bb), read(b, c), read(b, d)))
             rows.append({"qid": str(k), "query": b.query, "method": "-", "order": [], "ndcg10": 0.0, "bm25": 0.0,
-                         "seconds": 0.0, "score": agreement(reading), "e_after": 0.0,
+                         "seconds": 0.0, "score": agreement(reading), "aligned": alignment(reading), "e_after": 0.0,
                          "reading": {"slots": [list(s) for s in reading.slots], "empty": []}})
             print(f"{k + 1}/{len(saved)} score {rows[-1]['score']:.2f}", file=sys.stderr, flush=True)
             _partial(args, rows, check_drift=drift, weights=first.capabilities().weights,
@@ -150,7 +150,7 @@ def complete(args: argparse.Namespace) -> dict:
         caps = first.capabilities()
     evidence = Evidence(cap=CAP)
     for r in rows:
-        if evidence.add(r["score"]) is not None:
+        if evidence.add(r["score"], r.get("aligned")) is not None:
             break
         r["e_after"] = evidence.for_reads
     return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights,
@@ -203,7 +203,7 @@ def main() -> int:
     if result.get("partial"):  # a run stopped early: the decision in query order over the queries it read
         evidence = Evidence(cap=CAP)
         for r in readings:
-            if evidence.add(agreement(r)) is not None:
+            if evidence.add(agreement(r), alignment(r)) is not None:
                 break
         result["decision_text"] = (f"{evidence.verdict} after {evidence.queries} queries" if evidence.verdict else
                                    f"undecided after the {evidence.queries} queries read (the run was stopped there)") + (

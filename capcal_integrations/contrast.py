@@ -21,12 +21,18 @@ sign, ``X = sum w_m sign(e1_m e2_m) / sum w_m`` with ``w_m = |e1_m e2_m|`` (boun
 are sign-free, so ``E[X] = 0`` without content, in any list, at any noise scale). A model that reads
 moves both estimates the same way: ``X > 0``.
 
+**Which way the content goes** (:func:`alignment`): in the given order the first half holds the first stage's
+better-ranked passages, so a model that reads for relevance prefers passage ``m`` to ``m + h`` more often than
+not: ``sum (e1 + e2) / sum |e1 + e2|`` is positive on average. A model whose consistent preferences run against
+the retriever's order (measured on the packaged 0.5B: it prefers the lower half) is not one to calibrate.
+
 **The sequential test** (:class:`Evidence`): two e-processes (test martingales, each a mixture over
 betting fractions ``LAMBDAS`` of ``prod (1 + lambda * score)``) run over the queries in the order they
 come:
 
 * "reads" when ``mean_lambda prod (1 + lambda X_i)`` reaches ``1 / LEVEL``: without content (``E[X] = 0``)
   it ever does with probability at most ``LEVEL``, however many queries are looked at (Ville's inequality);
+  and the queries' mean alignment is above :data:`ALIGNED` (a further condition: it can only lower that rate);
 * "does not read" when ``mean_lambda prod (1 + lambda (EFFECT - X_i))`` reaches ``1 / MISS``: a model whose
   queries score ``EFFECT`` or more on average is called a non-reader with probability at most ``MISS``;
 * neither after ``CAP`` queries: "does not read (undecided)".
@@ -51,8 +57,8 @@ from itertools import combinations
 from .calibration import calibrated
 from .orders import kendall_tau, order_of_scores
 
-__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "halves_swapped", "reading_orders",
-           "Reading", "agreement", "Evidence", "implied_order", "choose_alpha"]
+__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGNED", "MIN_PASSAGES", "halves_swapped",
+           "reading_orders", "Reading", "estimates", "agreement", "alignment", "Evidence", "implied_order", "choose_alpha"]
 
 #: The strengths tried by ``alpha="auto"``.
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -67,6 +73,8 @@ MISS = 0.05
 EFFECT = 0.4
 #: Queries after which an undecided check says "does not read (undecided)".
 CAP = 40
+#: "reads" also needs the queries' mean :func:`alignment` with the first stage's order above this.
+ALIGNED = 0.0
 #: The shortest list that can be read for the check (two slot pairs).
 MIN_PASSAGES = 4
 
@@ -149,6 +157,21 @@ def agreement(reading: Reading) -> float:
     return max(-1.0, min(1.0, math.fsum(products) / total))
 
 
+def alignment(reading: Reading) -> float:
+    """Which way the query's content estimates go against the first stage's order, in [-1, 1]: positive where the
+    model prefers the better-ranked passage of a pair (the given order's first half), weighted by the size of the
+    preference; 0 where there is none.
+
+    >>> b, c = [1.0, 0.0, 0.5, -1.0], [2.0, 1.0, 0.0, 1.0]  # the first half reads better: 2 > 0, 1 = 1
+    >>> alignment(Reading(tuple(tuple(b[j] + c[o[j]] for j in range(4)) for o in reading_orders(4))))
+    1.0
+    """
+    e1, e2 = estimates(reading)
+    sums = [x + y for x, y in zip(e1, e2)]
+    total = math.fsum(abs(s) for s in sums)
+    return max(-1.0, min(1.0, math.fsum(sums) / total)) if total > 0 and math.isfinite(total) else 0.0
+
+
 @dataclass
 class Evidence:
     """The sequential test's state over the queries seen so far (module docstring); :meth:`add` one score at a
@@ -172,6 +195,7 @@ class Evidence:
     effect: float = EFFECT
     cap: int = CAP
     scores: list[float] = field(default_factory=list)
+    alignments: list[float] = field(default_factory=list)
     _reads: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
     _not: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
     verdict: str | None = None
@@ -190,16 +214,24 @@ class Evidence:
         """The e-value against "reads with at least :attr:`effect`" (``1 / miss`` decides "does not read")."""
         return math.fsum(self._not) / len(self._not)
 
-    def add(self, score: float) -> str | None:
-        """Pool one query's score; the verdict once there is one (later scores are ignored)."""
+    @property
+    def aligned(self) -> float:
+        """The queries' mean :func:`alignment` with the first stage's order (1 before any is known)."""
+        return math.fsum(self.alignments) / len(self.alignments) if self.alignments else 1.0
+
+    def add(self, score: float, aligned: float | None = None) -> str | None:
+        """Pool one query's score (and its :func:`alignment`); the verdict once there is one (later scores are
+        ignored)."""
         if self.verdict is not None:
             return self.verdict
         x = max(-1.0, min(1.0, float(score)))
         self.scores.append(x)
+        if aligned is not None:
+            self.alignments.append(max(-1.0, min(1.0, float(aligned))))
         scale = 1.0 / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
         self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, LAMBDAS)]
         self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, LAMBDAS)]
-        if self.for_reads >= 1.0 / self.level:
+        if self.for_reads >= 1.0 / self.level and self.aligned > ALIGNED:
             self.verdict = "reads"
         elif self.for_not >= 1.0 / self.miss:
             self.verdict = "does not read"

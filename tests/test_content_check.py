@@ -22,6 +22,7 @@ from capcal_integrations.contrast import (
     Evidence,
     Reading,
     agreement,
+    alignment,
     choose_alpha,
     estimates,
     implied_order,
@@ -32,7 +33,9 @@ from capcal_integrations.probe import fingerprint
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 
 N = 20
-GRADES = [[(7 * i + 3 * k) % 4 if (i + k) % 3 else 0 for i in range(N)] for k in range(60)]  # 0..3, many zeros
+_RNG = random.Random(7)
+# 0..3, like a first stage's lists: better passages more often near the top, many zeros, ties and misorderings
+GRADES = [[min(3, max(0, round(2.2 - 3 * i / N + _RNG.gauss(0.0, 1.2)))) for i in range(N)] for _ in range(60)]
 
 
 def reading(model, grades, k, scale=1.0, shared=()):
@@ -58,7 +61,8 @@ def decide(model, seed, *, scale_sd=0.0, shared_sd=0.0, lengths=(N,), loud=None)
         grades = GRADES[rng.randrange(len(GRADES))][:n]
         scale = math.exp(rng.gauss(0.0, scale_sd)) if scale_sd else 1.0
         shared = [rng.gauss(0.0, shared_sd) for _ in range(n)] if shared_sd else ()
-        evidence.add(1.0 if k == loud else agreement(reading(model.replace(seed=seed * 1000 + k), grades, k, scale, shared)))
+        r = reading(model.replace(seed=seed * 1000 + k), grades, k, scale, shared)
+        evidence.add(1.0 if k == loud else agreement(r), alignment(r))
         k += 1
     return evidence
 
@@ -131,6 +135,16 @@ def test_finding_8_list_level_slot_effects_shared_by_the_readings_do_not_hide_a_
     assert null.count("reads") <= 1
 
 
+def test_consistent_preferences_against_the_first_stage_are_not_reading():
+    """A model that prefers the passages the retriever ranked lower, consistently (the packaged 0.5B's pattern on
+    DL19: it reads something, not relevance): the readings agree, but their content runs against the given
+    order, and calibrating it would bring the wrong passages up. Never "reads"."""
+    model = SCENARIOS["no-delta"].replace(s=-1.0)
+    runs = [decide(model, seed) for seed in range(10)]
+    assert all(r.verdict != "reads" for r in runs)
+    assert all(r.aligned < 0 and sum(r.scores) / len(r.scores) > 0.5 for r in runs)  # consistent, and against
+
+
 # --------------------------------------------------------------------------- in the library, on the testbed
 
 def lists(k=12, n=12, lengths=None):
@@ -141,7 +155,7 @@ def lists(k=12, n=12, lengths=None):
         m = lengths[q] if lengths else n
         passages = [f"{words[(q + i) % len(words)]} {q}-{i} " + " ".join(rng.choice(words) for _ in range(10))
                     for i in range(m)]
-        out.append((f"query {q}", passages, [rng.choice([0, 0, 1, 2, 3]) for _ in range(m)]))
+        out.append((f"query {q}", passages, [min(3, max(0, round(2.2 - 3 * i / m + rng.gauss(0.0, 1.2)))) for i in range(m)]))
     return out
 
 
