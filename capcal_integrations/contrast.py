@@ -34,7 +34,9 @@ come:
   it ever does with probability at most ``LEVEL``, however many queries are looked at (Ville's inequality);
   and the queries' mean alignment is above :data:`ALIGNED` (a further condition: it can only lower that rate);
 * "does not read" when ``mean_lambda prod (1 + lambda (EFFECT - X_i))`` reaches ``1 / MISS``: a model whose
-  queries score ``EFFECT`` or more on average is called a non-reader with probability at most ``MISS``;
+  queries score ``EFFECT`` or more on average is called a non-reader with probability at most ``MISS``; or
+  when the same process on the alignments against :data:`ALIGN_EFFECT` does (a model whose preferences do not
+  go the first stage's way);
 * neither after ``CAP`` queries: "does not read (undecided)".
 
 One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``), so one loud list
@@ -57,7 +59,7 @@ from itertools import combinations
 from .calibration import calibrated
 from .orders import kendall_tau, order_of_scores
 
-__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGNED", "MIN_PASSAGES", "halves_swapped",
+__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGNED", "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped",
            "reading_orders", "Reading", "estimates", "agreement", "alignment", "Evidence", "implied_order", "choose_alpha"]
 
 #: The strengths tried by ``alpha="auto"``.
@@ -75,6 +77,9 @@ EFFECT = 0.4
 CAP = 40
 #: "reads" also needs the queries' mean :func:`alignment` with the first stage's order above this.
 ALIGNED = 0.0
+#: The smallest mean alignment of a model worth calibrating (a content slope of about 0.1 per grade on the
+#: testbed's DL19 lists scores about .2): the evidence against it decides "does not read" too.
+ALIGN_EFFECT = 0.15
 #: The shortest list that can be read for the check (two slot pairs).
 MIN_PASSAGES = 4
 
@@ -198,6 +203,7 @@ class Evidence:
     alignments: list[float] = field(default_factory=list)
     _reads: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
     _not: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
+    _against: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
     verdict: str | None = None
 
     @property
@@ -219,6 +225,11 @@ class Evidence:
         """The queries' mean :func:`alignment` with the first stage's order (1 before any is known)."""
         return math.fsum(self.alignments) / len(self.alignments) if self.alignments else 1.0
 
+    @property
+    def against_alignment(self) -> float:
+        """The e-value against "the mean alignment is at least :data:`ALIGN_EFFECT`"."""
+        return math.fsum(self._against) / len(self._against)
+
     def add(self, score: float, aligned: float | None = None) -> str | None:
         """Pool one query's score (and its :func:`alignment`); the verdict once there is one (later scores are
         ignored)."""
@@ -227,13 +238,16 @@ class Evidence:
         x = max(-1.0, min(1.0, float(score)))
         self.scores.append(x)
         if aligned is not None:
-            self.alignments.append(max(-1.0, min(1.0, float(aligned))))
+            a = max(-1.0, min(1.0, float(aligned)))
+            self.alignments.append(a)
+            self._against = [k * (1.0 + lam * (ALIGN_EFFECT - a) / (1.0 + ALIGN_EFFECT))
+                             for k, lam in zip(self._against, LAMBDAS)]
         scale = 1.0 / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
         self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, LAMBDAS)]
         self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, LAMBDAS)]
         if self.for_reads >= 1.0 / self.level and self.aligned > ALIGNED:
             self.verdict = "reads"
-        elif self.for_not >= 1.0 / self.miss:
+        elif self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss:
             self.verdict = "does not read"
         elif self.queries >= self.cap:
             self.verdict = "undecided"

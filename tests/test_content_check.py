@@ -141,7 +141,7 @@ def test_consistent_preferences_against_the_first_stage_are_not_reading():
     order, and calibrating it would bring the wrong passages up. Never "reads"."""
     model = SCENARIOS["no-delta"].replace(s=-1.0)
     runs = [decide(model, seed) for seed in range(10)]
-    assert all(r.verdict != "reads" for r in runs)
+    assert all(r.verdict == "does not read" and r.queries <= 12 for r in runs), [(r.verdict, r.queries) for r in runs]
     assert all(r.aligned < 0 and sum(r.scores) / len(r.scores) > 0.5 for r in runs)  # consistent, and against
 
 
