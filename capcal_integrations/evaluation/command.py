@@ -112,7 +112,7 @@ def _server_meta(caps: Any, url: str, embedded: str | None, weights: str | None)
 
     meta = {"model_id": identity.model_id(embedded, caps.model, url), "model": caps.model, "weights": weights,
             "endpoint": identity.endpoint_host(url) if embedded is None else "embedded", "server": caps.server,
-            "transport": caps.transport, "context": caps.context}
+            "transport": caps.transport, "context": caps.context, "fingerprint": caps.weights}
     with contextlib.suppress(md.PackageNotFoundError):
         meta["xllamacpp"] = md.version("xllamacpp")
     return meta
@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:  # refused before reranking anything: the folder stays as it was
                         identity.check_weights(embedded, current["weights"], url)
                         identity.check_resume(out, store, meta, current["model_id"])
+                        identity.check_fingerprint(out, meta, current["fingerprint"])
                     except InputError as err:
                         return _error(err, 2)
                     meta.update(current)

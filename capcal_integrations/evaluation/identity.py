@@ -28,7 +28,7 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 __all__ = ["embedded_model", "planned_model_id", "model_id", "endpoint_host", "served_weights", "check_weights",
-           "recorded_models", "check_resume", "set_aside"]
+           "recorded_models", "check_resume", "check_fingerprint", "set_aside"]
 
 
 def embedded_model(base_url: str | None, model: str | None) -> str | None:
@@ -116,6 +116,25 @@ def check_resume(out: pathlib.Path, store: Store, meta: Mapping[str, Any], curre
     others = sorted(recorded_models(store, meta) - {current})
     if others:
         raise InputError(f"{out} holds results of model {', '.join(repr(o) for o in others)}, not {current!r}; "
+                         "resuming there would report them as this model's. Pass another --out, or --fresh to set "
+                         "that folder's records aside and start over")
+
+
+def check_fingerprint(out: pathlib.Path, meta: Mapping[str, Any], current: str) -> None:
+    """Raise :class:`InputError` if ``out``'s meta.json recorded other served weights than ``current`` (the probe's
+    fingerprint of what the server reports: :func:`~..probe.fingerprint`), whatever the served name: two models
+    served under one name by one server are not the same model. Nothing is said where either is unknown.
+
+    >>> check_fingerprint(pathlib.Path("out"), {"fingerprint": "sha256:a"}, "sha256:a")
+    >>> try:
+    ...     check_fingerprint(pathlib.Path("out"), {"fingerprint": "sha256:a"}, "sha256:b")
+    ... except InputError as err:
+    ...     print(str(err)[:72])
+    out holds results of other weights served under the same name (sha256:a,
+    """
+    recorded = meta.get("fingerprint")
+    if recorded and current and recorded != current:
+        raise InputError(f"{out} holds results of other weights served under the same name ({recorded}, now {current}); "
                          "resuming there would report them as this model's. Pass another --out, or --fresh to set "
                          "that folder's records aside and start over")
 
