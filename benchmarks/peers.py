@@ -245,6 +245,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, help="the embedded server's CPU threads (default: its own)")
     ap.add_argument("--out", default=str(HERE / "results" / "peers"))
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json and stop")
+    ap.add_argument("--from-log", help="write the results from the rows a run printed (one JSON object per line; "
+                    "--methods: those to count) and stop")
+    ap.add_argument("--note", default="", help="a sentence for the report (with --from-log: how the run ended)")
     args = ap.parse_args()
     if args.report_only:
         result = json.loads(pathlib.Path(args.out).with_suffix(".json").read_text())
@@ -254,6 +257,8 @@ def main() -> int:
     names = [d for d in args.datasets.split(",")]
     data = {d: load_dataset(pathlib.Path(args.data) / DATASETS[d]).select(args.queries) for d in names}
     command = "python benchmarks/peers.py " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != args.api_key)
+    if args.from_log:
+        return from_log(args, methods, data)
 
     with contextlib.ExitStack() as stack:
         url, key = args.base_url, args.api_key or "no-key"
@@ -320,6 +325,32 @@ def main() -> int:
     return 0
 
 
+def bm25_row(d: str, topic: Any, grades: dict[str, int], top: int) -> dict:
+    docids = [c.docid for c in topic.candidates[:top]]
+    return {"dataset": d, "qid": topic.qid, "method": "bm25", "position": None, "seconds": 0.0, "requests": 0,
+            "prompt_tokens": 0, "cached_tokens": 0, "uncached_tokens": 0, "completion_tokens": 0, "failed": False,
+            "needs_repair": False, "ndcg10": ndcg10([grades.get(x, 0) for x in docids], sorted(grades.values(), reverse=True)),
+            "order": list(range(len(docids)))}
+
+
+def from_log(args: argparse.Namespace, methods: list[str], data: dict) -> int:
+    """The results of a run cut short, from the rows it printed (``--methods``: the methods counted)."""
+    printed = [json.loads(line) for line in open(args.from_log, encoding="utf-8") if line.startswith('{"dataset"')]
+    rows = []
+    for d, ds in data.items():
+        for topic in ds.topics:
+            mine = [r for r in printed if r["dataset"] == d and r["qid"] == topic.qid and r["method"] in methods]
+            if mine:
+                rows += [bm25_row(d, topic, ds.grades().get(topic.qid, {}), args.top), *mine]
+    meta = {"command": f"python benchmarks/peers.py --data {args.data} --queries {args.queries}", "base_url":
+            "embedded (started here)", "server": "llama.cpp (xllamacpp)", "model": "local", "top": args.top,
+            "words": WORDS, "max_tokens": args.max_tokens, "queries_per_dataset": args.queries, "methods": methods,
+            "note": args.note, "from_log": args.from_log}
+    write(args, meta, rows, methods)
+    print(pathlib.Path(args.out).with_suffix(".md").read_text())
+    return 0
+
+
 def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
     """Per dataset and method, over the lists every method finished."""
     out = []
@@ -371,6 +402,7 @@ def report(result: dict) -> str:
              f"words for all; the peers at temperature 0, at most {result['max_tokens']} generated tokens. The "
              f"model methods took turns going first on each list. Machine: {result['machine']}. See "
              "`benchmarks/peers.py` for the definitions.", "",
+             *([result["note"], ""] if result.get("note") else []),
              "| dataset | method | lists | nDCG@10 | outputs needing repair | failed calls | requests / list | "
              "× vanilla | prompt tokens / list | × vanilla | uncached prompt tokens / list | completion tokens / list | "
              "s / list | × vanilla |",
