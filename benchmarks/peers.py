@@ -31,7 +31,7 @@ named one out of range; this library: its order is not a permutation, a decoded 
 identifier, or places were filled in rather than decoded); HTTP requests and the server's ``usage`` (prompt,
 cached, completion tokens), counted by an httpx event hook on every client (the library's endpoint probe is
 made before and not counted); wall seconds. rank_llm is not run: it requires ``vllm`` (torch) to install.
-Writes benchmarks/results/peers.json and .md after every round of lists (a run cut short keeps what it did).
+Writes benchmarks/results/peers.json and .md after every list (a run cut short keeps what it finished).
 """
 
 from __future__ import annotations
@@ -320,8 +320,8 @@ def main() -> int:
                            **meters[m].snapshot(), "failed": failed, "needs_repair": bool(repair),
                            "ndcg10": ndcg10([grades.get(docids[i], 0) for i in shown], ideal), "order": order, **info}
                     rows.append(row)
-                    print(json.dumps({x: v for x, v in row.items() if x not in ("order", "raw", "notes")}), flush=True)
-            write(args, meta, rows, methods)
+                    print(json.dumps({x: v for x, v in row.items() if x not in ("order", "notes")}), flush=True)
+                write(args, meta, rows, methods)  # after every list: a run cut short keeps what it finished
     return 0
 
 
