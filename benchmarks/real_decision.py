@@ -35,8 +35,14 @@ from capcal_integrations.options import Options  # noqa: E402
 
 
 def _partial(args: argparse.Namespace, rows: list[dict], **facts: object) -> None:
-    """The rows read so far, saved after every query (``--readings`` replays a run that was stopped)."""
+    """The rows read so far, saved after every query (``--readings`` replays a run that was stopped); with
+    ``--start``, after the rows of the earlier run."""
     out = pathlib.Path(args.out or HERE / "results" / f"real-decision-{args.model}")
+    if getattr(args, "start", 0):
+        earlier = getattr(args, "_earlier", None)
+        if earlier is None:
+            earlier = args._earlier = json.loads(_named(out, ".json").read_text())["rows"][:args.start]
+        rows = [*earlier, *rows]
     _named(out, ".json").write_text(json.dumps({"model": args.model, "options": args.set, "queries": len(rows),
                                                     "partial": True, "rows": rows, **facts}) + "\n")
 
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
 
     data = load_dataset(args.data)
     grades = data.grades()
-    topics = data.topics[:args.queries]
+    topics = data.topics[args.start:args.queries]
     options = dict(check_wait=True, **{k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in args.set)})
     start = time.perf_counter()
     with endpoint(args.base_url, args.model) as ep:
@@ -190,6 +196,8 @@ def main() -> int:
     ap.add_argument("--base-url", default=None, help="an endpoint; default: the embedded --model, started here")
     ap.add_argument("--model", default="0.5b")
     ap.add_argument("--queries", type=int, default=20)
+    ap.add_argument("--start", type=int, default=0, help="begin at this query, adding to the rows of the results "
+                    "file already there (a run stopped early, continued; the decision is replayed over all of them)")
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE")
     ap.add_argument("--orders", type=int, default=500)
     ap.add_argument("--readings", help="replay the readings saved in this JSON instead of ranking")
