@@ -30,7 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.contrast import CAP, Evidence, Reading, agreement, alignment  # noqa: E402
+from capcal_integrations.contrast import CAP, Evidence, Reading, agreement, alignment, summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def replay(readings: list[Reading], orders: int, seed: int = 0) -> dict:
     for _ in range(orders):
         evidence = Evidence(cap=CAP)
         for r in rng.sample(readings, len(readings)):
-            if evidence.add(agreement(r), alignment(r)) is not None:
+            if evidence.add(*summary(r)) is not None:
                 break
         verdict = evidence.verdict or f"undecided after all {len(readings)}"
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> dict:
                      seconds=round(time.perf_counter() - start, 1))
         decision = rr.content_decision()
         caps = rr.capabilities()
+    rows = [*getattr(args, "_earlier", []), *rows]  # --start: the earlier run's rows first (_partial read them)
     return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights, "options": args.set,
             "queries": len(rows), "decision": None if decision is None else json.loads(decision.to_json()),
             "decision_text": str(decision) if decision else "undecided after every query",
@@ -143,6 +144,8 @@ def complete(args: argparse.Namespace) -> dict:
         print(f"reading A of list 0 read again: largest difference from the saved one {drift:.2e}", file=sys.stderr)
         rows = []
         for k, (b, (a, bb)) in enumerate(zip(lists, saved)):
+            if k < args.start:  # read by the earlier run (--start)
+                continue
             n = len(b.passages)
             _, _, c, d = reading_orders(n)
             reading = Reading((tuple(a), tuple(bb), read(b, c), read(b, d)))
@@ -154,9 +157,12 @@ def complete(args: argparse.Namespace) -> dict:
                      seconds=round(time.perf_counter() - start, 1),
                      options_note=["method=first-token", "guard=None", f"readings A, B from {args.complete}"])
         caps = first.capabilities()
+    if args.start:
+        rows = [*json.loads(_named(pathlib.Path(args.out or HERE / "results" / f"real-decision-{args.model}"),
+                                   ".json").read_text())["rows"][:args.start], *rows]
     evidence = Evidence(cap=CAP)
     for r in rows:
-        if evidence.add(r["score"], r.get("aligned")) is not None:
+        if evidence.add(*summary(Reading(tuple(tuple(x) for x in r["reading"]["slots"])))) is not None:
             break
         r["e_after"] = evidence.for_reads
     return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights,
@@ -190,6 +196,19 @@ def report(result: dict, verdicts: dict, orders: int, command: str) -> str:
           f"{r['bm25']:.4f} |" for r in rows), ""])
 
 
+def fixture(paths: list[str]) -> int:
+    """The real models' readings reduced to what the sequential test takes, for tests/test_content_check.py."""
+    out = {}
+    for path in paths:
+        result = json.loads(pathlib.Path(path).read_text())
+        out[result["model"]] = [[round(v, 6) for v in summary(Reading(tuple(tuple(x) for x in r["reading"]["slots"])))[:2]]
+                                + [len(r["reading"]["slots"][0]) // 2] for r in result["rows"]]
+    target = HERE.parent / "tests" / "fixtures" / "real-readings.json"
+    target.write_text(json.dumps(out) + "\n")
+    print(f"{target}: " + ", ".join(f"{m} {len(q)} queries" for m, q in out.items()))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "trec-dl19-passage"))
@@ -203,7 +222,11 @@ def main() -> int:
     ap.add_argument("--readings", help="replay the readings saved in this JSON instead of ranking")
     ap.add_argument("--complete", help="complete the older check's saved readings (A, B) with C and D (docstring)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--fixture", nargs="+", metavar="RESULTS_JSON", help="write tests/fixtures/real-readings.json "
+                    "(per query: agreement, alignment, slot pairs) from these results files, and stop")
     a = ap.parse_args()
+    if a.fixture:
+        return fixture(a.fixture)
     command = "python benchmarks/real_decision.py " + " ".join(sys.argv[1:])
     result = (json.loads(pathlib.Path(a.readings).read_text()) if a.readings else complete(a) if a.complete else run(a))
     readings = [Reading(tuple(tuple(s) for s in r["reading"]["slots"]), tuple(r["reading"]["empty"]) or None)
@@ -211,7 +234,7 @@ def main() -> int:
     if result.get("partial"):  # a run stopped early: the decision in query order over the queries it read
         evidence = Evidence(cap=CAP)
         for r in readings:
-            if evidence.add(agreement(r), alignment(r)) is not None:
+            if evidence.add(*summary(r)) is not None:
                 break
         result["decision_text"] = (f"{evidence.verdict} after {evidence.queries} queries" if evidence.verdict else
                                    f"undecided after the {evidence.queries} queries read (the run was stopped there)") + (

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Evidence, Reading, agreement, alignment, choose_alpha
+from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Evidence, Reading, choose_alpha, summary
 from .errors import InputError
 
 __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "ContentDecision", "Verdict",
@@ -91,12 +91,13 @@ class ContentDecision:
     key: Key
     level: float = LEVEL
     aligned: float = 1.0  # the queries' mean alignment with the first stage's order (contrast.alignment)
+    e_aligned: float = 1.0  # the evidence that it goes the first stage's way ("reads" needs contrast.ALIGN_E)
     saved: bool = field(default=False, compare=False)  # loaded from a saved decision
 
     def __str__(self) -> str:
         about = ", ".join(f"{k} {v!r}" for k, v in self.key if k in ("model", "weights", "template", "prompt"))
         evidence = (f"e = {self.e_value:.3g}, p <= {self.p_value:.3g}, mean agreement {self.score:.2f}, "
-                    f"alignment {self.aligned:+.2f}")
+                    f"alignment {self.aligned:+.2f} (e = {self.e_aligned:.3g})")
         if self.reads:
             verdict = (f"the model reads the passages ({evidence}); alpha {self.alpha:g} (first-token "
                        f"{self.alpha_first_token:g}) chosen label-free")
@@ -199,12 +200,12 @@ class ContentCheck:
 
     def add(self, reading: Reading, form: str = "additive") -> ContentDecision | None:
         """Pool one query's readings; the decision once there is one (computed here: call it off an event loop)."""
-        score, aligned = agreement(reading), alignment(reading)
+        score, aligned, pairs = summary(reading)
         with self._lock:
             if self.decision is not None:
                 return self.decision
             self.readings.append(reading)
-            verdict = self.evidence.add(score, aligned)
+            verdict = self.evidence.add(score, aligned, pairs)
             if verdict is None:
                 return None
             readings = list(self.readings)
@@ -222,7 +223,7 @@ class ContentCheck:
         first = choose_alpha(readings, form=form, first_only=True)[0] if reads else 1.0
         return ContentDecision(reads, verdict, min(1.0, 1.0 / max(e.for_reads, 1e-300)), e.for_reads,
                                sum(e.scores) / max(1, e.queries), e.queries, alpha, first, tuple(curve.items()), self.key,
-                               aligned=e.aligned)
+                               aligned=e.aligned, e_aligned=min(e.for_aligned, 1e300))
 
 
 def announce(decision: ContentDecision) -> None:

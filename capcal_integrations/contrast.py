@@ -32,7 +32,11 @@ come:
 
 * "reads" when ``mean_lambda prod (1 + lambda X_i)`` reaches ``1 / LEVEL``: without content (``E[X] = 0``)
   it ever does with probability at most ``LEVEL``, however many queries are looked at (Ville's inequality);
-  and the queries' mean alignment is above :data:`ALIGNED` (a further condition: it can only lower that rate);
+  and a third e-process, on the alignments against "they do not go the first stage's way" (mean alignment
+  at most 0; betting fractions :data:`ALIGN_LAMBDAS`, scaled down for lists of fewer than :data:`FULL_PAIRS`
+  slot pairs), has reached :data:`ALIGN_E` (a further condition: it can only lower the false-"reads" rate). A
+  model with strong, consistent preferences of its own that do not follow relevance (the packaged 0.5B and
+  1.5B: their alignments swing between -1 and +1 around a mean near .1) never builds this evidence;
 * "does not read" when ``mean_lambda prod (1 + lambda (EFFECT - X_i))`` reaches ``1 / MISS``: a model whose
   queries score ``EFFECT`` or more on average is called a non-reader with probability at most ``MISS``; or
   when the same process on the alignments against :data:`ALIGN_EFFECT` does (a model whose preferences do not
@@ -59,8 +63,9 @@ from itertools import combinations
 from .calibration import calibrated
 from .orders import kendall_tau, order_of_scores
 
-__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGNED", "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped",
-           "reading_orders", "Reading", "estimates", "agreement", "alignment", "Evidence", "implied_order", "choose_alpha"]
+__all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
+           "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "reading_orders", "Reading", "estimates", "agreement",
+           "alignment", "summary", "Evidence", "implied_order", "choose_alpha"]
 
 #: The strengths tried by ``alpha="auto"``.
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -75,8 +80,16 @@ MISS = 0.05
 EFFECT = 0.4
 #: Queries after which an undecided check says "does not read (undecided)".
 CAP = 40
-#: "reads" also needs the queries' mean :func:`alignment` with the first stage's order above this.
-ALIGNED = 0.0
+#: "reads" also needs the e-process for "the content goes the first stage's way" at this: a model whose content
+#: goes neither way reaches it with probability at most 1/20. Chosen on ``benchmarks/decisions.py`` (the testbed's
+#: readers: within 24 queries at s = .5 in 92-96 % of top-20 runs) against ``benchmarks/real_decision.py`` (the
+#: packaged 0.5B's 43 DL19 readings: "reads" in no query order tried but 1.6 % of 500 random ones; 5: 3.8 %).
+ALIGN_E = 20.0
+#: The betting fraction of the alignment e-process (a high one: a model whose alignments swing between -1 and
+#: +1, as the packaged models' do, loses its evidence fast; a reader's, about .33 +- .34 a query on DL19, builds).
+ALIGN_LAMBDAS = (0.95,)
+#: Lists with fewer slot pairs than this bet proportionally less on their alignment (a short list's is noisier).
+FULL_PAIRS = 10
 #: The smallest mean alignment of a model worth calibrating (a content slope of about 0.1 per grade on the
 #: testbed's DL19 lists scores about .2): the evidence against it decides "does not read" too.
 ALIGN_EFFECT = 0.15
@@ -162,6 +175,11 @@ def agreement(reading: Reading) -> float:
     return max(-1.0, min(1.0, math.fsum(products) / total))
 
 
+def summary(reading: Reading) -> tuple[float, float, int]:
+    """``(agreement, alignment, pairs)`` of one query, as :meth:`Evidence.add` takes them."""
+    return agreement(reading), alignment(reading), len(reading.slots[0]) // 2
+
+
 def alignment(reading: Reading) -> float:
     """Which way the query's content estimates go against the first stage's order, in [-1, 1]: positive where the
     model prefers the better-ranked passage of a pair (the given order's first half), weighted by the size of the
@@ -204,6 +222,7 @@ class Evidence:
     _reads: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
     _not: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
     _against: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
+    _along: list[float] = field(default_factory=lambda: [1.0] * len(ALIGN_LAMBDAS), repr=False)
     verdict: str | None = None
 
     @property
@@ -226,13 +245,19 @@ class Evidence:
         return math.fsum(self.alignments) / len(self.alignments) if self.alignments else 1.0
 
     @property
+    def for_aligned(self) -> float:
+        """The e-value against "the content does not go the first stage's way" (:data:`ALIGN_E` is needed for
+        "reads"; infinite when no alignment was given)."""
+        return math.fsum(self._along) / len(self._along) if self.alignments else math.inf
+
+    @property
     def against_alignment(self) -> float:
         """The e-value against "the mean alignment is at least :data:`ALIGN_EFFECT`"."""
         return math.fsum(self._against) / len(self._against)
 
-    def add(self, score: float, aligned: float | None = None) -> str | None:
-        """Pool one query's score (and its :func:`alignment`); the verdict once there is one (later scores are
-        ignored)."""
+    def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS) -> str | None:
+        """Pool one query's score (and its :func:`alignment`, from a list of ``pairs`` slot pairs); the verdict
+        once there is one (later scores are ignored)."""
         if self.verdict is not None:
             return self.verdict
         x = max(-1.0, min(1.0, float(score)))
@@ -242,10 +267,12 @@ class Evidence:
             self.alignments.append(a)
             self._against = [k * (1.0 + lam * (ALIGN_EFFECT - a) / (1.0 + ALIGN_EFFECT))
                              for k, lam in zip(self._against, LAMBDAS)]
+            size = min(1.0, max(1, pairs) / FULL_PAIRS)  # known before the score: a predictable bet
+            self._along = [k * (1.0 + size * lam * a) for k, lam in zip(self._along, ALIGN_LAMBDAS)]
         scale = 1.0 / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
         self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, LAMBDAS)]
         self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, LAMBDAS)]
-        if self.for_reads >= 1.0 / self.level and self.aligned > ALIGNED:
+        if self.for_reads >= 1.0 / self.level and self.for_aligned >= ALIGN_E:
             self.verdict = "reads"
         elif self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss:
             self.verdict = "does not read"

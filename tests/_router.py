@@ -103,8 +103,9 @@ class Rig:
     proxy before each, and vllm-router before both. A context manager; everything started is stopped."""
 
     def __init__(self, model: str = "0.5b", *, policy: str = "consistent_hash", header: str = "X-Session-ID",
-                 n_parallel: int = 4, log_dir: Path | None = None) -> None:
+                 n_parallel: int = 4, log_dir: Path | None = None, api_key: str | None = None) -> None:
         self.model, self.policy, self.header, self.n_parallel = model, policy, header, n_parallel
+        self.api_key = api_key  # the workers' key, given to vllm-router too (``--api-key``: docs/scaling-out.md)
         self.log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
         self.servers: list[EmbeddedServer] = []
         self.proxies: list[_Proxy] = []
@@ -130,7 +131,8 @@ class Rig:
             raise RuntimeError("vllm-router is not installed: pip install vllm-router")
         try:
             for k in range(2):
-                server = EmbeddedServer(model=self.model, n_parallel=self.n_parallel, threads=1).start()
+                server = EmbeddedServer(model=self.model, n_parallel=self.n_parallel, threads=1,
+                                        api_key=self.api_key).start()
                 self.servers.append(server)
                 proxy = _Proxy(k, server.port, self.header, self.seen, self._lock)
                 threading.Thread(target=proxy.serve_forever, daemon=True).start()
@@ -142,7 +144,8 @@ class Rig:
                 self._router = subprocess.Popen(
                     [binary, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *workers,
                      "--policy", self.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                     "--request-timeout-secs", "3600", "--log-level", "warning"],
+                     "--request-timeout-secs", "3600", "--log-level", "warning",
+                     *(["--api-key", self.api_key] if self.api_key else [])],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self._wait_router()
         except BaseException:

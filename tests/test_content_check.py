@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import math
+import pathlib
 import random
 import time
 
@@ -18,20 +19,22 @@ import pytest
 from capcal_integrations import InputError
 from capcal_integrations.content_check import ContentDecision, decision_key, load_decision
 from capcal_integrations.contrast import (
+    ALIGN_E,
     CAP,
     Evidence,
     Reading,
     agreement,
-    alignment,
     choose_alpha,
     estimates,
     implied_order,
     reading_orders,
+    summary,
 )
 from capcal_integrations.options import Options
 from capcal_integrations.probe import fingerprint
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 N = 20
 _RNG = random.Random(7)
 # 0..3, like a first stage's lists: better passages more often near the top, many zeros, ties and misorderings
@@ -51,18 +54,22 @@ def reading(model, grades, k, scale=1.0, shared=()):
     return Reading(tuple(slots), tuple(model.logits(None, f"empty {k}", ["x"] * n)))
 
 
-def decide(model, seed, *, scale_sd=0.0, shared_sd=0.0, lengths=(N,), loud=None):
-    """A sequential decision over fresh queries; ``loud``: the index of a query whose scores are inflated."""
+def decide(model, seed, *, scale_sd=0.0, shared_sd=0.0, lengths=(N,), loud=None, own=False):
+    """A sequential decision over fresh queries; ``loud``: the index of a query whose scores are inflated;
+    ``own``: the model's content is a preference of its own (random per passage), not the grades."""
     rng = random.Random(seed)
     evidence = Evidence()
     k = 0
     while evidence.verdict is None:
         n = rng.choice(lengths)
         grades = GRADES[rng.randrange(len(GRADES))][:n]
+        if own:
+            grades = [rng.gauss(1.0, 1.0) for _ in range(n)]
         scale = math.exp(rng.gauss(0.0, scale_sd)) if scale_sd else 1.0
         shared = [rng.gauss(0.0, shared_sd) for _ in range(n)] if shared_sd else ()
         r = reading(model.replace(seed=seed * 1000 + k), grades, k, scale, shared)
-        evidence.add(1.0 if k == loud else agreement(r), alignment(r))
+        score, aligned, pairs = summary(r)
+        evidence.add(1.0 if k == loud else score, aligned, pairs)
         k += 1
     return evidence
 
@@ -123,6 +130,35 @@ def test_finding_7_one_loud_list_cannot_decide_alone():
     model = SCENARIOS["delta-1.5b"].replace(s=0.0)
     for seed in range(10):
         assert decide(model, seed, loud=0).verdict != "reads"
+
+
+def test_a_model_with_strong_preferences_of_its_own_is_not_called_a_reader():
+    """Content read consistently (high agreement) that follows neither relevance nor the first stage, as the
+    packaged 0.5B and 1.5B read DL19 (issue 22, finding 7: within-list slope .001). Their alignments have mean 0,
+    so the alignment e-process that "reads" needs reaches ALIGN_E with probability at most 1 / ALIGN_E
+    (Ville's inequality): the rule before it (a mean alignment above 0 when the agreement decides) said
+    "reads" in about half of these runs. The real models' alignments swing between -1 and +1, which
+    makes it rarer still (the next test)."""
+    model = SCENARIOS["no-delta"].replace(s=1.0)
+    runs = [decide(model, seed, own=True) for seed in range(100)]
+    assert min(sum(r.scores) / r.queries for r in runs) > 0.5  # they do read something, consistently
+    assert sum(r.verdict == "reads" for r in runs) <= 100 / ALIGN_E
+
+
+def test_the_real_packaged_models_recorded_readings_do_not_decide_reads():
+    """The packaged models' own first-step readings of DL19 (per query: agreement, alignment, slot pairs;
+    tests/fixtures/real-readings.json, from benchmarks/results/real-decision-*.json), pooled in 200 random
+    query orders up to the cap: "reads" in at most 1 % of them."""
+    recorded = json.loads((FIXTURES / "real-readings.json").read_text())
+    for model, queries in recorded.items():
+        rng, reads = random.Random(0), 0
+        for _ in range(200):
+            evidence = Evidence()
+            for score, aligned, pairs in rng.sample(queries, len(queries)):
+                if evidence.add(score, aligned, pairs) is not None:
+                    break
+            reads += evidence.verdict == "reads"
+        assert reads <= 2, (model, reads)
 
 
 def test_finding_8_list_level_slot_effects_shared_by_the_readings_do_not_hide_a_reader():

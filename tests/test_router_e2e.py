@@ -7,12 +7,17 @@ ranking equals a direct run on that server. Without it, vllm-router hashes each 
 list's steps scatter. ``GET /v1/models`` is the one exception: vllm-router sends it to its first
 worker whatever the key (a listing; nothing is cached by it).
 
+The servers are keyed, as ``capcal serve`` always is, and vllm-router is given their key (``--api-key``, the
+recipe in docs/scaling-out.md): every route the library uses, ``/tokenize`` and ``/apply-template`` included
+(which vllm-router 0.1.17 forwards without the client's ``Authorization``), answers through the router.
+
 Needs ``pip install vllm-router``; skipped without it unless ``CAPCAL_REQUIRE_ROUTER=1`` (CI).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 
@@ -43,7 +48,7 @@ def rig():
         if os.environ.get("CAPCAL_REQUIRE_ROUTER"):
             pytest.fail("vllm-router is not installed (CAPCAL_REQUIRE_ROUTER is set)")
         pytest.skip("vllm-router is not installed (pip install vllm-router)")
-    with Rig() as r:
+    with Rig(api_key=secrets.token_urlsafe(16)) as r:
         yield r
 
 
@@ -55,7 +60,7 @@ def _run(rig: Rig, rr: CapCalReranker, query: str, passages: list[str]):
 
 
 def test_with_the_key_every_request_of_a_list_reaches_one_server_and_ranks_as_that_server_alone(rig):
-    rr = CapCalReranker(base_url=rig.url, api_key="none", routed=True, **METHOD)
+    rr = CapCalReranker(base_url=rig.url, api_key=rig.api_key, routed=True, **METHOD)
     backends = set()
     for query, passages in LISTS:
         ranking, seen, tasks = _run(rig, rr, query, passages)
@@ -66,13 +71,13 @@ def test_with_the_key_every_request_of_a_list_reaches_one_server_and_ranks_as_th
         assert key is not None and all(s.user in (None, key) for s in seen)
         assert [bool(t) for t in tasks] == [k == backend for k in range(2)]  # the servers' logs agree
         backends.add(backend)
-        direct = CapCalReranker(base_url=rig.backends[backend], api_key="none", **METHOD).rerank(query, passages)
+        direct = CapCalReranker(base_url=rig.backends[backend], api_key=rig.api_key, **METHOD).rerank(query, passages)
         assert_same_order_up_to_ties(ranking, direct)  # first-token: the order is the first step's scores
     sys.stderr.write(f"lists on servers {sorted(backends)}\n")  # shown with -s
 
 
 def test_without_the_key_a_list_scatters_over_both_servers(rig):
-    rr = CapCalReranker(base_url=rig.url, api_key="none", routed=True, routing_header=None, **METHOD)
+    rr = CapCalReranker(base_url=rig.url, api_key=rig.api_key, routed=True, routing_header=None, **METHOD)
     spread = []
     for query, passages in LISTS:
         _, seen, tasks = _run(rig, rr, query, passages)
