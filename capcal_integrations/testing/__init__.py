@@ -25,14 +25,15 @@ The dialects it speaks (each the shape the library's tests check against the rea
 * faults: ``fault(request)`` returns a response to send instead (a 500, a timeout raised, ...) or None;
   ``calls=[]`` records every request.
 
-Pointing the library at it::
+Pointing the library at it:
 
-    from capcal_integrations import CapCalReranker
-    from capcal_integrations.testing import clients, make_handler
-
-    sync, async_ = clients(make_handler())            # in memory
-    rr = CapCalReranker(client=sync, async_client=async_, guard=None)
-    assert sorted(rr.rerank("q", ["a", "b", "c"]).order) == [0, 1, 2]
+>>> from capcal_integrations import CapCalReranker
+>>> from capcal_integrations.testing import clients, make_handler
+>>> sync, async_ = clients(make_handler())  # in memory
+>>> rr = CapCalReranker(client=sync, async_client=async_, guard=None)
+>>> ranking = rr.rerank("which is about fleas?", ["Fleas live 2-3 months.", "Bananas.", "Paris."])
+>>> sorted(ranking.order), ranking.method, ranking.kept_given_order
+([0, 1, 2], 'capcal', False)
 
 The adapters take the same clients: ``llamaindex_ext.CapCalRerank(client=sync, async_client=async_,
 guard=None)`` and ``langchain_ext.CapCalRerank(client=sync, async_client=async_, guard=None)``. Where only a
