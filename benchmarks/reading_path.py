@@ -16,7 +16,7 @@ import textwrap
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from tests.fake_endpoint import clients, make_handler  # noqa: E402
+from capcal_integrations.testing import clients, make_handler  # noqa: E402
 
 PACKAGE = str(pathlib.Path(__file__).resolve().parent.parent / "capcal_integrations")
 

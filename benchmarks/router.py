@@ -33,7 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from tests._router import Rig  # noqa: E402
+from capcal_integrations.testing.router import Rig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WAYS = {

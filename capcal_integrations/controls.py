@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 
 from .answers import parse_tokens
 from .answers import template_of as _template_of
+from .calls import Call, EndpointState, Flow, template_call, text_messages, tokenize_call
 from .errors import ResponseError
 from .prompts import Messages, prompt_text
-from .protocol import Call, EndpointState, Flow, template_call, text_messages, tokenize_call
 from .types import Capabilities
 from .untrusted import Prompt
 

@@ -28,9 +28,9 @@ probing is :mod:`.probe`.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from .answers import (
     Alternatives,
@@ -45,30 +45,23 @@ from .answers import (
 from .answers import choices_of as _choices
 from .answers import template_of as _template_of
 from .answers import usage_of as usage_of  # re-exported: the drivers' and earlier callers' name
-from .caches import RankingTemplates, TemplateCache
+from .calls import (  # re-exported: every caller's name for them
+    Call,
+    EndpointState,
+    Flow,
+    Token,
+    chat_messages,
+    template_call,
+    text_messages,
+    tokenize_call,
+)
+from .controls import token_prompts
 from .errors import CapabilityError, EndpointError, ResponseError
 from .prompts import Messages, declared_tokens, prompt_text
-from .slots import SlotPins
 from .types import Capabilities
 from .untrusted import Prompt
 
-T = TypeVar("T")
-Token = tuple[int, str]  # (id, piece)
 TokenLogprobs = dict[Token, float]  # wanted token -> logprob (missing = not in the top-k)
-
-
-@dataclass(frozen=True)
-class Call:
-    """One HTTP request. ``path`` is relative to ``base_url`` unless ``root`` (then relative to the
-    server root, for llama.cpp/vLLM extras such as ``/tokenize``)."""
-
-    method: str
-    path: str
-    body: Mapping[str, Any] | None = None
-    root: bool = False
-
-
-Flow = Generator[list[Call], list[Any], T]
 
 
 @dataclass(frozen=True)
@@ -91,60 +84,7 @@ class Query:
         return self.messages, self.render
 
 
-@dataclass
-class EndpointState:
-    """What one (endpoint, model) is known to do, probed once, and what is cached about it across
-    calls: the tokens of each identifier spelling, rendered chat templates and llama.cpp slot pins.
-    Shared by a reranker and its ``with_options`` copies.
-
-    Each ranking runs on :meth:`for_ranking`, a view that shares all of this but keeps its rendered
-    prompts to itself (:mod:`.caches`): they are dropped when the ranking ends, and at most
-    :data:`~.caches.TEMPLATE_CACHE_SIZE` entries outlive it in the endpoint's ``templates``."""
-
-    model: str | None = None
-    caps: Capabilities | None = None
-    label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
-    templates: MutableMapping[Any, Any] = field(default_factory=TemplateCache)  # rendered skeletons, prompts as sent (text, ids)
-    declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
-    controls: frozenset[int] | None = None  # vLLM: the ids of the served tokenizer's control tokens (.controls)
-    slots: SlotPins = field(default_factory=SlotPins)
-    announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
-    content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
-    routed: bool = False  # a view's: requests may reach more than one server (Options.routed; see .routing)
-    shared: EndpointState | None = field(default=None, repr=False, compare=False)  # a view's endpoint state
-
-    def for_ranking(self, routed: bool = False) -> EndpointState:
-        """A view for one ranking: the endpoint's state, with the ranking's own rendered prompts over
-        the endpoint's bounded template cache. ``routed``: no slot pins, llama.cpp prompts as ids only."""
-        endpoint = self.shared or self
-        return replace(endpoint, templates=RankingTemplates(endpoint.templates), routed=routed, shared=endpoint)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # what a view learns about the endpoint (the probed capabilities, ...) is the endpoint's
-        endpoint = self.__dict__.get("shared")
-        if endpoint is not None and name not in ("templates", "routed"):
-            setattr(endpoint, name, value)
-        object.__setattr__(self, name, value)
-
-
-def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[str, str]]:
-    out = [{"role": role, "content": content} for role, content in messages]
-    if prefix is not None:
-        out.append({"role": "assistant", "content": prefix})
-    return out
-
-
 # --------------------------------------------------------------------------- tokenizing
-
-
-def tokenize_call(kind: str, model: str, text: str) -> Call:
-    """The ``/tokenize`` request of a llama.cpp (``kind="llamacpp"``) or vLLM server, no special tokens
-    added; llama.cpp also parses none in the text (``parse_special``), vLLM has no such switch."""
-    if kind == "llamacpp":
-        return Call("POST", "/tokenize", {"content": text, "with_pieces": True, "add_special": False,
-                                          "parse_special": False}, root=True)
-    return Call("POST", "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False,
-                                      "return_token_strs": True}, root=True)
 
 
 def tokenize(caps: Capabilities, texts: Sequence[str], *, text: bool = False) -> Flow[list[list[Token]]]:
@@ -262,8 +202,6 @@ def _completions(state: EndpointState, caps: Capabilities, queries: Sequence[Que
     tokens = caps.transport == "token-completions"
     missing = [key for key in dict.fromkeys(q.prompt for q in queries) if key not in state.templates]
     if missing:
-        from .controls import token_prompts  # it builds on this module
-
         yield from (token_prompts if tokens else _mixed_prompts)(state, caps, missing)
     ids_only = state.routed and not tokens
     if ids_only:
@@ -352,24 +290,6 @@ def _ids_only(state: EndpointState, keys: Iterable[tuple[Prompt, str]]) -> Flow[
                                                 "parse_special": True}, root=True) for key in todo]
     for key, answer in zip(todo, answers):
         state.templates[(_IDS, key)] = [i for i, _ in parse_tokens(answer)]
-
-
-def text_messages(state: EndpointState, prompt: Prompt, style: str = "chat") -> Messages:
-    """The one way untrusted text is sent as text (chat transports, vLLM, hosted APIs): each span
-    neutralised (:func:`~.untrusted.neutralise`) against the known families, the control tokens this
-    endpoint declared (``state.declared``) and, for a client-side format read from a model's
-    ``tokenizer_config.json``, the special tokens it declares."""
-    return prompt.text(state.declared + declared_tokens(style))
-
-
-def template_call(model: str, messages: Messages, *, tokens: bool) -> Call:
-    """The request that renders the chat template: as token ids (vLLM's ``/tokenize``) or as text
-    (llama.cpp's ``/apply-template``)."""
-    if tokens:
-        return Call("POST", "/tokenize", {"model": model, "messages": chat_messages(messages),
-                                          "add_generation_prompt": True, "add_special_tokens": False,
-                                          "return_token_strs": True}, root=True)
-    return Call("POST", "/apply-template", {"messages": chat_messages(messages)}, root=True)
 
 
 # --------------------------------------------------------------------------- token strings (no ids, no tokenizer)

@@ -8,7 +8,8 @@ alias. The names a snippet uses without defining are given to it, small and real
 ``VectorStoreIndex`` over three passages with a mock embedding and LLM: the reranking is what is tested),
 ``retriever`` (a LangChain retriever returning the same three), ``query``/``passages``, ``q1``/``p1``,
 ``q2``/``p2``. A snippet whose framework is not installed is skipped (the stack venvs of ``.ci/run`` have
-one framework each); everywhere else both are.
+one framework each); everywhere else both are. A snippet that ranks against the test double
+(``capcal_integrations.testing``) needs no server: it runs as written in the fast suite, not as an e2e test.
 
 ``python tests/test_readme.py`` rewrites the option table.
 """
@@ -119,15 +120,38 @@ def _given(code: str) -> dict:
     return names
 
 
-@pytest.mark.parametrize("label,line,code", [pytest.param(*s, id=f"{s[0]}@{s[1]}") for s in _snippets()])
+def _model_free(code: str) -> bool:
+    """A snippet that ranks against the test double (``capcal_integrations.testing``) needs no server."""
+    return "capcal_integrations.testing" in code
+
+
+def _cases(model_free: bool) -> list:
+    return [pytest.param(*s, id=f"{s[0]}@{s[1]}") for s in _snippets() if _model_free(s[2]) == model_free]
+
+
+@pytest.mark.parametrize("label,line,code", _cases(model_free=False))
 def test_the_snippet_runs(label, line, code, server_url, test_model, monkeypatch):
+    monkeypatch.setenv("CAPCAL_BASE_URL", server_url)
+    monkeypatch.setenv("CAPCAL_API_KEY", "readme-test-key")
+    _run(line, code.replace(LOCAL_URL, server_url).replace('model="local"', f"model={test_model!r}"), code)
+
+
+@pytest.mark.parametrize("label,line,code", _cases(model_free=True))
+def test_the_model_free_snippet_runs(label, line, code):
+    """The snippets on the test double run as written, in the fast suite (no ``server_url``: not e2e)."""
+    _run(line, code, code)
+
+
+def test_the_test_double_has_its_snippet():
+    assert _cases(model_free=True), "the README's 'Testing your pipeline without a model' snippet is gone"
+
+
+def _run(line: int, source: str, code: str) -> None:
+    """Run a snippet (``source``: ``code`` as the test sends it), skipped if a framework it needs is missing."""
     for module in _needs(code):
         if importlib.util.find_spec(module) is None or (module in _FRAMEWORK and
                                                          importlib.util.find_spec(_FRAMEWORK[module].split(".")[0]) is None):
             pytest.skip(f"README snippet at line {line} needs {module}, not installed here")
-    monkeypatch.setenv("CAPCAL_BASE_URL", server_url)
-    monkeypatch.setenv("CAPCAL_API_KEY", "readme-test-key")
-    source = code.replace(LOCAL_URL, server_url).replace('model="local"', f"model={test_model!r}")
     compiled = compile(source, f"README.md:{line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     names = _given(code)
     if compiled.co_flags & inspect.CO_COROUTINE:

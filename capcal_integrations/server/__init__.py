@@ -8,6 +8,7 @@
 - :mod:`.launcher`: :class:`EmbeddedServer` / :class:`VllmServer` (a server as a child process that
   dies with its parent), :func:`find_running` and :func:`endpoint` (the given endpoint, a server this
   user's ``capcal serve`` runs, or an embedded one; an :class:`Endpoint` with the key to send).
+- :mod:`.net`: a server's URL, health check and port test (what the engines and the launcher share).
 - :mod:`.ownership`: the state file ``capcal serve`` writes (mode 0600, with its random key) and the
   checks before a command trusts a running server: same user, same process, its socket, its key.
 - :mod:`.gateway`: :class:`HostedGateway`, a local server shown as a hosted API (chat completions,

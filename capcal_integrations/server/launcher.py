@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import http.client
 import importlib.util
 import json
 import logging
@@ -24,13 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 from ..errors import InputError, MissingExtra, ServerError
 from .gateway import HostedGateway
 from .models import MODELS, _spec, cache_dir, model_path
+from .net import _get_json, _healthy, _url
 from .ownership import find_own_server, new_key
 
 log = logging.getLogger(__name__)
@@ -42,31 +40,6 @@ DEFAULT_PORT = 8080
 NO_KEY = "no-key"
 
 _PACKAGE_ROOT = str(pathlib.Path(__file__).resolve().parent.parent.parent)  # holds capcal_integrations/
-
-
-def _url(host: str, port: int | None) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _get_json(url: str, timeout: float = 2.0) -> tuple[int, object]:
-    """(HTTP status, 0 if unreachable; the JSON body or None). Never goes through a proxy."""
-    try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=timeout) as r:
-            status, body = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, None
-    except (OSError, ValueError, http.client.HTTPException):
-        return 0, None
-    try:
-        return status, json.loads(body)
-    except ValueError:
-        return status, None
-
-
-def _healthy(root: str) -> bool:
-    # llama.cpp: 503 while loading, then {"status": "ok"}; vLLM: 200 with an empty body once ready
-    status, body = _get_json(root + "/health")
-    return status == 200 and (body is None or (isinstance(body, dict) and body.get("status") == "ok"))
 
 
 def find_running(host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> str | None:

@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 
 from ..errors import MissingExtra, ServerError
-from .launcher import _url
 from .lifeline import stop_signal
 from .models import model_path
+from .net import _url, check_port
 from .ownership import forget_server, record_server
 
 log = logging.getLogger(__name__)
-
-
-def check_port(host: str, port: int) -> None:
-    """Raise :class:`ServerError` unless a server could listen on host:port now (a bind test)."""
-    where = _url(host, port).removeprefix("http://")
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
-            s.bind(addr)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise ServerError(f"cannot listen on {where}: the port is in use (pass --port)") from None
-        raise ServerError(f"cannot listen on {where}: {e.strerror or e}") from None
 
 
 def cors_settings(allow_origin: str | None) -> dict[str, object]:

@@ -28,10 +28,9 @@ import time
 
 from ..errors import MissingExtra, ModelError, ServerError, SetupError
 from .integrity import file_lock, marker_problem, write_marker
-from .launcher import _healthy, _url
 from .lifeline import stop_signal
-from .llamacpp import check_port
 from .models import _spec, model_path
+from .net import _healthy, _url, check_port
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,239 @@
+"""The fake endpoint's dialects: a request handler that answers as llama.cpp, vLLM or a hosted API would.
+
+:func:`make_handler` returns a function from an HTTP request to a response, for a ``MockTransport`` of
+the installed openai's HTTP library (``httpx2`` for openai 3.x, ``httpx`` for 2.x:
+:func:`capcal_integrations.client.http_library`); :func:`clients` wraps it in a sync and an async
+``openai`` client. The fake model's tokenizer is tiny (``[``, `` [``, ``]``, ``>``, digits, capital
+letters, Qwen's three control tokens; any other character is a token of its own) and its next-token
+log-probabilities are pseudo-random but deterministic in the prompt: it reads nothing, so a ranking
+against it exercises every request, parser and error path, never a model's judgement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import openai
+
+from ..client import http_library
+
+__all__ = ["make_handler", "hosted", "clients", "tokenize", "decode", "split_prompt", "tokenized_texts",
+           "Handler", "VOCAB", "SPECIAL"]
+
+httpx2: Any = http_library()  # the installed openai's HTTP library (tests import it from here, under this name)
+#: A request handler: what :func:`make_handler` returns and ``MockTransport`` takes.
+Handler = Callable[[Any], Any]
+
+VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, ">": 29, "x": 87}
+VOCAB.update({str(d): 15 + d for d in range(10)})
+VOCAB.update({chr(65 + i): 100 + i for i in range(26)})
+PIECE = {v: k for k, v in VOCAB.items()}  # the tokens next-token distributions range over
+#: Qwen's control tokens and ids: parsed from text unless ``parse_special`` is false, as llama.cpp does.
+SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+_OTHER = 1_000_000  # any other character is its own token, 1_000_000 + its code point (so prompts decode)
+
+
+def tokenize(text: str, *, parse_special: bool = True) -> list[tuple[int, str]]:
+    """The fake model's ``(id, piece)`` tokens of ``text``.
+
+    >>> tokenize(" [12]")
+    [(508, ' ['), (16, '1'), (17, '2'), (60, ']')]
+    """
+    out, i = [], 0
+    while i < len(text):
+        special = next((s for s in SPECIAL if text.startswith(s, i)), None) if parse_special else None
+        piece = special or (text[i:i + 2] if text[i:i + 2] in VOCAB else text[i])
+        out.append((SPECIAL.get(piece) or VOCAB.get(piece) or _OTHER + ord(piece), piece))
+        i += len(piece)
+    return out
+
+
+def piece_of(token: int) -> str:
+    return PIECE.get(token) or {v: k for k, v in SPECIAL.items()}.get(token) or chr(token - _OTHER)
+
+
+def decode(prompt: str | Sequence[str | int]) -> str:
+    """The text of a prompt as sent: a string, token ids, or llama.cpp's mixed list of both."""
+    if isinstance(prompt, str):
+        return prompt
+    return "".join(x if isinstance(x, str) else piece_of(x) for x in prompt)
+
+
+def split_prompt(prompt: list) -> tuple[str, str]:
+    """A llama.cpp mixed prompt as (the chat template's text, the assistant prefix after it): the prefix
+    is the token ids after the prompt's last text element."""
+    last = max(k for k, x in enumerate(prompt) if isinstance(x, str))
+    return decode(prompt[:last + 1]), decode(prompt[last + 1:])
+
+
+def distribution(prompt: str) -> list[tuple[int, float]]:
+    """Deterministic pseudo-random next-token log-probabilities over the whole fake vocabulary."""
+    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    weights = {tid: rng.random() ** 3 + 1e-4 for tid in PIECE}
+    total = sum(weights.values())
+    return sorted(((tid, math.log(w / total)) for tid, w in weights.items()), key=lambda e: -e[1])
+
+
+def content_logprobs(prompt: str, top: int) -> dict:
+    dist = distribution(prompt)[:top]
+    entries = [{"id": t, "token": PIECE[t], "bytes": list(PIECE[t].encode()), "logprob": lp} for t, lp in dist]
+    return {"content": [{**entries[0], "top_logprobs": entries}]}
+
+
+def symbol(piece: str) -> str:
+    """How a byte-level BPE tokenizer spells a piece (vLLM's ``token_strs``): a space is ``Ġ``."""
+    return piece.replace(" ", "Ġ")
+
+
+def vllm_completions(body: dict, max_logprobs: int) -> Any:
+    """vLLM's ``/v1/completions`` on token-id prompt lists: legacy logprobs, keys ``token_id:N`` with
+    ``return_tokens_as_token_ids``, exactly ``logprob_token_ids`` when given, a top-k limit."""
+    top = body.get("logprobs") or 0
+    if top > max_logprobs or top < 0:
+        message = f"Requested sample logprobs of {top}, which is greater than max allowed: {max_logprobs}"
+        return httpx2.Response(400, json={"error": {"message": message, "code": 400}})
+    key = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: PIECE[t])
+    choices = []
+    for i, ids in enumerate(body["prompt"]):
+        dist = distribution(decode(ids))
+        wanted = body.get("logprob_token_ids")
+        known = dict(dist)  # vLLM returns any wanted id; ids outside the fake vocabulary are very unlikely
+        shown = [(t, known.get(t, -30.0)) for t in wanted] + dist[:1] if wanted else dist[:top]
+        choices.append({"index": i, "text": PIECE[dist[0][0]], "logprobs": {
+            "tokens": [key(dist[0][0])], "top_logprobs": [{key(t): lp for t, lp in shown}]}})
+    return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+
+
+def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = False, context: int = 4096,
+                 slots: int = 0, calls: list | None = None, vllm: bool = False, max_logprobs: int = 20) -> Handler:
+    """A fake endpoint's request handler. By default it speaks llama.cpp's server: ``/v1/models`` (one
+    model, ``fake``, owned by ``llamacpp``), ``/props`` (``context`` tokens, ``slots`` slots),
+    ``/tokenize`` (text or a mixed list of text and ids, ``with_pieces``, ``parse_special``),
+    ``/apply-template``, ``/v1/completions`` (prompt lists, mixed prompts; ``legacy=True``: the legacy
+    logprobs shape) and ``/v1/chat/completions`` continuing a prefilled assistant message.
+
+    ``vllm=True`` answers as vLLM does: no ``/apply-template`` or ``/props``, its ``/tokenize`` and
+    ``/detokenize`` shapes, token-id prompts, ``logprob_token_ids``, a top-k limit of ``max_logprobs``.
+    ``fault(request)`` may return a response to send instead (a 500, or :func:`hosted`'s answers) or None
+    to proceed. ``calls``: every request is appended to it."""
+
+    def handler(request: Any) -> Any:
+        if calls is not None:
+            calls.append(request)
+        if fault is not None:
+            forced = fault(request)
+            if forced is not None:
+                return forced
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        if vllm:
+            forced = _vllm_only(path, body, context, max_logprobs)
+            if forced is not None:
+                return forced
+        if path == "/v1/models":
+            return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "llamacpp"}]})
+        if path == "/props":
+            return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}, "total_slots": slots})
+        if path == "/tokenize":  # as llama.cpp: text, or a mixed list of text and token ids
+            content = body["content"] if isinstance(body["content"], list) else [body["content"]]
+            pieces = [p for x in content for p in ([(x, None)] if isinstance(x, int) else  # ids pass as given
+                                                   tokenize(x, parse_special=body.get("parse_special", True)))]
+            if not body.get("with_pieces"):
+                return httpx2.Response(200, json={"tokens": [t for t, _ in pieces]})
+            return httpx2.Response(200, json={"tokens": [{"id": t, "piece": piece_of(t) if p is None else p}
+                                                         for t, p in pieces]})
+        if path == "/apply-template":
+            text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
+            return httpx2.Response(200, json={"prompt": text})
+        if path == "/v1/completions":
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            choices = []
+            for i, prompt in enumerate(prompts):
+                if isinstance(prompt, list):  # llama.cpp's mixed prompt: text and token ids
+                    if not any(isinstance(x, int) for x in prompt):  # as llama.cpp: text alone is not a mixed prompt
+                        message = '"prompt" elements must be a string, a list of tokens, ... or a list of mixed strings & tokens.'
+                        return httpx2.Response(400, json={"error": {"code": 400, "message": message}})
+                    prompt = decode(prompt)
+                lp = content_logprobs(prompt, body.get("logprobs") or 1)
+                if legacy:
+                    top = lp["content"][0]["top_logprobs"]
+                    lp = {"tokens": [top[0]["token"]], "top_logprobs": [{e["token"]: e["logprob"] for e in top}]}
+                choices.append({"index": i, "text": "", "logprobs": lp})
+            return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+        if path == "/v1/chat/completions":
+            prompt = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"])
+            if body["messages"][-1]["content"].startswith("A B C"):  # the prefill probe: continue the alphabet
+                lp = {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
+                                   "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
+            else:
+                lp = content_logprobs(prompt, body.get("top_logprobs") or 1)
+            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})
+        return httpx2.Response(404, json={"error": "not found"})
+
+    return handler
+
+
+def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
+    if path == "/v1/models":
+        return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "vllm", "max_model_len": context}]})
+    if path in ("/props", "/apply-template"):
+        return httpx2.Response(404, json={"detail": "Not Found"})
+    if path == "/tokenize" and "messages" in body:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
+        pieces = tokenize(text)
+        return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
+    if path == "/tokenize":
+        if "prompt" not in body:  # llama.cpp's shape ({"content": ...}) is a validation error here
+            return httpx2.Response(400, json={"error": {"message": "prompt: Field required", "code": 400}})
+        pieces = tokenize(body["prompt"])
+        return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
+    if path == "/detokenize":
+        return httpx2.Response(200, json={"prompt": decode(body["tokens"])})
+    if path == "/v1/completions" and body["prompt"] and isinstance(body["prompt"][0], list):
+        return vllm_completions(body, max_logprobs)
+    return None
+
+
+def hosted(answer: Callable[[], dict], *, completions: bool = False, owner: str = "openai") -> Callable[[Any], Any]:
+    """A ``fault`` for :func:`make_handler` that makes it a hosted API: no tokenizer, templates or props
+    (and no ``/v1/completions`` unless ``completions``), one model owned by ``owner``, and ``answer()``
+    as every chat completion's JSON."""
+    blocked = {"/tokenize", "/apply-template", "/props", "/detokenize"} | (set() if completions else {"/v1/completions"})
+
+    def fault(request: Any) -> Any:
+        if request.url.path in blocked:
+            return httpx2.Response(404, json={"error": "not found"})
+        if request.url.path == "/v1/models":
+            return httpx2.Response(200, json={"data": [{"id": "hosted", "owned_by": owner}]})
+        if request.url.path == "/v1/chat/completions":
+            return httpx2.Response(200, json=answer())
+        return None
+
+    return fault
+
+
+def clients(handler: Handler | None = None, *, max_retries: int = 0) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
+    """A sync and an async ``openai`` client whose transport is ``handler`` (default: ``make_handler()``,
+    the llama.cpp dialect), in memory: no socket, no server. Pass them as ``client=`` and
+    ``async_client=`` to :class:`~capcal_integrations.CapCalReranker` or to either adapter."""
+    handler = make_handler() if handler is None else handler
+
+    async def ahandler(request: Any) -> Any:
+        await request.aread()
+        return handler(request)
+
+    kw: dict[str, Any] = dict(base_url="http://fake.test/v1", api_key="x", max_retries=max_retries)
+    return (openai.OpenAI(http_client=httpx2.Client(transport=httpx2.MockTransport(handler)), **kw),
+            openai.AsyncOpenAI(http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(ahandler)), **kw))
+
+
+def tokenized_texts(calls: list) -> list[str]:
+    """Every text the recorded ``calls`` sent to ``/tokenize``: one per call, or each text of a mixed list (the
+    untrusted spans go in one batch, between separator ids)."""
+    sent = [json.loads(c.content)["content"] for c in calls if c.url.path == "/tokenize"]
+    return [x for content in sent for x in (content if isinstance(content, list) else [content]) if isinstance(x, str)]
