@@ -30,7 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.contrast import CAP, Evidence, Reading, agreement, alignment, summary  # noqa: E402
+from capcal_integrations.contrast import ALIGN_E, CAP, Evidence, Reading, agreement, alignment, summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 
 
@@ -191,9 +191,11 @@ def report(result: dict, verdicts: dict, orders: int, command: str) -> str:
            f"read again differs from the saved one by at most {result['check_drift']:.2e} in log-probability).", ""]),
         f"**Replayed in {orders} random query orders** (the saved readings): " +
         ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())) + f" — \"reads\" in {100 * reads / orders:.1f} %.", "",
-        "| qid | query | score | e after | method | nDCG@10 | BM25 |", "|---|---|---:|---:|---|---:|---:|",
-        *(f"| {r['qid']} | {r['query'][:40]} | {r['score']:.2f} | {r['e_after']:.3g} | {r['method']} | {r['ndcg10']:.4f} | "
-          f"{r['bm25']:.4f} |" for r in rows), ""])
+        "| qid | query | score | alignment | e after | e aligned after | method | nDCG@10 | BM25 |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
+        *(f"| {r['qid']} | {r['query'][:40]} | {r['score']:.2f} | {r.get('aligned', float('nan')):+.2f} | {r['e_after']:.3g} | "
+          f"{r.get('e_aligned_after', float('nan')):.3g} | {r['method']} | {r['ndcg10']:.4f} | {r['bm25']:.4f} |"
+          for r in rows), ""])
 
 
 def fixture(paths: list[str]) -> int:
@@ -231,14 +233,20 @@ def main() -> int:
     result = (json.loads(pathlib.Path(a.readings).read_text()) if a.readings else complete(a) if a.complete else run(a))
     readings = [Reading(tuple(tuple(s) for s in r["reading"]["slots"]), tuple(r["reading"]["empty"]) or None)
                 for r in result["rows"]]
-    if result.get("partial"):  # a run stopped early: the decision in query order over the queries it read
+    if result.get("partial"):  # a run in parts: the decision in query order over every query read
         evidence = Evidence(cap=CAP)
-        for r in readings:
-            if evidence.add(*summary(r)) is not None:
+        for r, row in zip(readings, result["rows"]):
+            row["score"], row["aligned"], _ = facts = summary(r)
+            decided = evidence.add(*facts)
+            row["e_after"], row["e_aligned_after"] = evidence.for_reads, evidence.for_aligned
+            if decided is not None:
                 break
-        result["decision_text"] = (f"{evidence.verdict} after {evidence.queries} queries" if evidence.verdict else
+        verdict = {"undecided": f"does not read (undecided at the cap of {CAP} queries)"}.get(evidence.verdict,
+                                                                                             evidence.verdict)
+        result["decision_text"] = (f"{verdict} after {evidence.queries} queries" if evidence.verdict else
                                    f"undecided after the {evidence.queries} queries read (the run was stopped there)") + (
-            f" (e = {evidence.for_reads:.3g} for \"reads\", {evidence.for_not:.3g} for \"does not read\")")
+            f" (e = {evidence.for_reads:.3g} for \"reads\" and {evidence.for_aligned:.3g} for \"goes the first stage's "
+            f"way\", which needs {ALIGN_E:g}; {evidence.for_not:.3g} for \"does not read\")")
         result["options"] = result.get("options_note") or result.get("options") or []
     verdicts = replay(readings, a.orders)
     result["replay"] = {"orders": a.orders, "verdicts": verdicts}

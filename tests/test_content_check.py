@@ -147,18 +147,23 @@ def test_a_model_with_strong_preferences_of_its_own_is_not_called_a_reader():
 
 def test_the_real_packaged_models_recorded_readings_do_not_decide_reads():
     """The packaged models' own first-step readings of DL19 (per query: agreement, alignment, slot pairs;
-    tests/fixtures/real-readings.json, from benchmarks/results/real-decision-*.json), pooled in 200 random
-    query orders up to the cap: "reads" in at most 1 % of them."""
+    tests/fixtures/real-readings.json, written by ``benchmarks/real_decision.py --fixture``): in DL19's own query
+    order not "reads" (the 0.5B's 43: "does not read (undecided)" at the cap), and "reads" in at most 2 % of
+    500 random query orders (the 0.5B: 8 of 500; the rule before this one said "reads" in all of them)."""
     recorded = json.loads((FIXTURES / "real-readings.json").read_text())
+
+    def verdict(queries):
+        evidence = Evidence()
+        for score, aligned, pairs in queries:
+            if evidence.add(score, aligned, pairs) is not None:
+                break
+        return evidence.verdict
+
     for model, queries in recorded.items():
-        rng, reads = random.Random(0), 0
-        for _ in range(200):
-            evidence = Evidence()
-            for score, aligned, pairs in rng.sample(queries, len(queries)):
-                if evidence.add(score, aligned, pairs) is not None:
-                    break
-            reads += evidence.verdict == "reads"
-        assert reads <= 2, (model, reads)
+        assert verdict(queries) != "reads", model
+        rng = random.Random(0)
+        reads = sum(verdict(rng.sample(queries, len(queries))) == "reads" for _ in range(500))
+        assert reads <= 10, (model, reads)
 
 
 def test_finding_8_list_level_slot_effects_shared_by_the_readings_do_not_hide_a_reader():
