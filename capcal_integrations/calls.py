@@ -1,10 +1,10 @@
 """The wire protocol's primitives, below everything that speaks it: one HTTP request (:class:`Call`), a
 :data:`Flow` (a generator that yields lists of calls and receives their decoded answers), the per-endpoint
-state (:class:`EndpointState`), and the requests that tokenize text and render a chat template.
+state (:class:`EndpointState`), and how messages and untrusted text go as chat messages.
 
 Free of I/O, like :mod:`.protocol`, which re-exports all of it (callers import it from there). They live
-apart so that :mod:`.controls` (vLLM's control tokens) and :mod:`.protocol` (which sends vLLM's token-id
-prompts through :mod:`.controls`) can both build on them without importing each other.
+apart so that the endpoint kinds (:mod:`.endpoints`) and :mod:`.protocol`, which calls them, can both build
+on them without importing each other.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .slots import SlotPins
 from .types import Capabilities
 from .untrusted import Prompt
 
-__all__ = ["Call", "Flow", "Token", "EndpointState", "chat_messages", "tokenize_call", "template_call", "text_messages"]
+__all__ = ["Call", "Flow", "Token", "EndpointState", "chat_messages", "text_messages"]
 
 T = TypeVar("T")
 Token = tuple[int, str]  # (id, piece)
@@ -53,7 +53,7 @@ class EndpointState:
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
     templates: MutableMapping[Any, Any] = field(default_factory=TemplateCache)  # rendered skeletons, prompts as sent (text, ids)
     declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
-    controls: frozenset[int] | None = None  # vLLM: the ids of the served tokenizer's control tokens (.controls)
+    controls: frozenset[int] | None = None  # vLLM: the ids of the served tokenizer's control tokens (.endpoints.vllm)
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
     content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
@@ -80,15 +80,6 @@ def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[st
         out.append({"role": "assistant", "content": prefix})
     return out
 
-def tokenize_call(kind: str, model: str, text: str) -> Call:
-    """The ``/tokenize`` request of a llama.cpp (``kind="llamacpp"``) or vLLM server, no special tokens
-    added; llama.cpp also parses none in the text (``parse_special``), vLLM has no such switch."""
-    if kind == "llamacpp":
-        return Call("POST", "/tokenize", {"content": text, "with_pieces": True, "add_special": False,
-                                          "parse_special": False}, root=True)
-    return Call("POST", "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False,
-                                      "return_token_strs": True}, root=True)
-
 def text_messages(state: EndpointState, prompt: Prompt, style: str = "chat") -> Messages:
     """The one way untrusted text is sent as text (chat transports, vLLM, hosted APIs): each span
     neutralised (:func:`~.untrusted.neutralise`) against the known families, the control tokens this
@@ -96,12 +87,3 @@ def text_messages(state: EndpointState, prompt: Prompt, style: str = "chat") -> 
     ``tokenizer_config.json``, the special tokens it declares."""
     return prompt.text(state.declared + declared_tokens(style))
 
-
-def template_call(model: str, messages: Messages, *, tokens: bool) -> Call:
-    """The request that renders the chat template: as token ids (vLLM's ``/tokenize``) or as text
-    (llama.cpp's ``/apply-template``)."""
-    if tokens:
-        return Call("POST", "/tokenize", {"model": model, "messages": chat_messages(messages),
-                                          "add_generation_prompt": True, "add_special_tokens": False,
-                                          "return_token_strs": True}, root=True)
-    return Call("POST", "/apply-template", {"messages": chat_messages(messages)}, root=True)

@@ -22,6 +22,7 @@ from .calibration import adaptive_alpha, calibrated, content_agreement, entropy,
 from .contrast import Reading, reading_orders
 from .deadline import DeadlinePassed
 from .depth import below_depth
+from .endpoints import kind_of
 from .labels import LabelScores, label_logprobs
 from .options import Options
 from .orders import order_of_scores
@@ -108,7 +109,7 @@ def _learn_label_tokens(state: EndpointState, opts: Options, way: str, ids: Sequ
     """The served model's tokens of every spelling the prefixes and identifiers are built from (once)."""
     spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if way == "prefix" else []
     if spellings:
-        text = state.caps.transport == "chat"  # only the chat transport sends the prefix as text
+        text = kind_of(state.caps).prefix_as_text  # its tokens' pieces as text, where the prefix goes as text
         for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
             state.label_tokens[spelling] = tuple(tokens)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .controls import learn_controls
+from .endpoints import kind_of
 from .errors import InputError
 from .options import Options
 from .prompts import clean_passage, declared_tokens, labels, passage_text, render_prompt
@@ -34,7 +34,7 @@ def fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Document
     given = [passage_text(d, "release" if opts.preset == "release" else "rankgpt") for d in docs]
     whole = [cleaned(opts, t) for t in given]
     texts = [clean_passage(t, opts.max_passage_words) for t in whole] if opts.max_passage_words else list(whole)
-    yield from learn_controls(state)  # vLLM: the control tokens of the served tokenizer, before anything is counted
+    yield from kind_of(caps).prepare(state)  # vLLM: the served tokenizer's control tokens, before anything is counted
     notes = rewritten_notes(opts, state.declared + declared_tokens(opts.prompt), query, given, whole)
     if cut := sum(a != b for a, b in zip(whole, texts)):
         notes.append(f"{cut} of {n} passages cut to max_passage_words={opts.max_passage_words} words")

@@ -11,13 +11,13 @@ body's ``user`` field. Without a key, vllm-router hashes the whole body, which d
 :func:`for_list` gives each list a :class:`ListRoute`: a fresh random key (it says nothing about the
 query or the passages), sent in the ``Options.routing_header`` header on every request of the list,
 and in the body's ``user`` field on the OpenAI routes (``completions``, ``chat/completions``) of the
-servers known to take it (llama.cpp ignores it, vLLM accepts it). Elsewhere (hosted APIs and gateways,
+servers known to take it (``Kind.takes_user``: llama.cpp ignores it, vLLM accepts it). Elsewhere (hosted APIs and gateways,
 some of which refuse parameters they do not know) the header alone is sent; the probe's own requests,
 sent before the server is known, carry the header only.
 
 Slot pins are a separate matter: ``Options.routed`` says that the endpoint may send requests to more
 than one server; then no llama.cpp slot is pinned (a slot number means nothing across servers) and
-llama.cpp prompts go as token ids only (:mod:`.protocol`), since routers validate the ``prompt`` field
+llama.cpp prompts go as token ids only (:mod:`.endpoints.llamacpp`), since routers validate the ``prompt`` field
 and refuse llama.cpp's mixed text-and-ids prompts (vllm-router answers 422).
 """
 
@@ -28,15 +28,13 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # no import at run time: options.py (the pure layer) imports check_header from here
-    from .protocol import Call, EndpointState
+from .endpoints.base import OPENAI_ROUTES, kind_of
+
+if TYPE_CHECKING:
+    from .calls import Call, EndpointState
 
 __all__ = ["ListRoute", "for_list", "new_key", "check_header"]
 
-#: The OpenAI routes whose bodies document a ``user`` field.
-OPENAI_ROUTES = ("completions", "chat/completions")
-#: The servers (``Capabilities.server``) known to take ``user`` on those routes.
-TAKES_USER = ("llama.cpp", "vllm")
 #: Headers a routing key must not replace: the request would no longer authenticate or parse.
 RESERVED = frozenset({"authorization", "content-type", "content-length", "host", "transfer-encoding",
                       "connection", "accept", "user-agent"})
@@ -89,7 +87,7 @@ class ListRoute:
         body = dict(call.body or {})
         caps = self.state.caps if self.state is not None else None
         if (call.method == "POST" and not call.root and call.path in OPENAI_ROUTES and caps is not None
-                and caps.server in TAKES_USER and "user" not in body):
+                and kind_of(caps).takes_user(caps) and "user" not in body):
             body = {"user": self.key, **body}  # first: vllm-router reads the first "user" it finds in the text
         return body, {"headers": {self.header: self.key}}
 

@@ -185,12 +185,13 @@ class Ranking:
 class Capabilities:
     """What an endpoint can do, probed once per (endpoint, model) and cached.
 
-    ``transport`` is the cheapest exact way found to read next-token log-probabilities after an
-    arbitrary assistant prefix: ``"completions"`` (templated prompt + prompt lists, llama.cpp),
-    ``"token-completions"`` (the same in token ids, vLLM), ``"chat"`` (chat completions continuing a
-    prefilled assistant turn), or ``""`` when the endpoint cannot continue a prefix in the model's
-    chat template (hosted APIs). ``text_completions`` is the top-k of a plain ``/v1/completions`` that
-    takes lists of text prompts (0: none); there a prompt rendered on the client continues any prefix.
+    ``kind`` is the endpoint kind the probe chose (a :class:`capcal_integrations.endpoints.base.Kind`, one
+    module each in :mod:`capcal_integrations.endpoints`): the cheapest exact way found to read next-token
+    log-probabilities after an arbitrary assistant prefix, or, where no prefix in the model's chat template
+    can be continued (hosted APIs), how identifiers are read instead. ``transport`` is its name, kept for
+    display and for capabilities built by hand (then the kind is the one of that name). ``text_completions``
+    is the top-k of a plain ``/v1/completions`` that takes text prompts (0: none); there a prompt rendered
+    on the client continues any prefix. ``tokenize`` names the server's ``/tokenize`` dialect (``""``: none).
     ``logprobs``: chat completions return ``top_logprobs`` (then generated answers can be read).
     ``prompt_lists``: ``/v1/completions`` takes a list of prompts per request. ``chat``: chat
     completions answer (with or without log-probabilities).
@@ -201,7 +202,7 @@ class Capabilities:
     max_top_logprobs: int
     transport: str
     chat_extra: Mapping[str, Any] = field(default_factory=dict)
-    tokenize: str = ""  # "llamacpp" | "vllm" | ""
+    tokenize: str = ""
     template: bool = False  # /apply-template available
     prompt_lists: bool = False
     logprob_token_ids: bool = False
@@ -211,3 +212,4 @@ class Capabilities:
     text_completions: int = 0
     chat: bool = False
     weights: str = ""  # a fingerprint of the served weights, from what the server reports (see .probe)
+    kind: Any = field(default=None, compare=False, repr=False)  # the probe's choice (see above)

@@ -1,0 +1,260 @@
+"""What an endpoint kind is (:class:`Kind`), what a tokenizer dialect is (:class:`Tokenizer`), and the
+small pieces every kind's probe and transport share. Free of I/O: every request is a :data:`~..calls.Flow`.
+
+A kind says how it renders and sends the prompts of one decoding step (:meth:`Kind.send`), how it reads an
+answer's log-probabilities (:meth:`Kind.read`), how its requests route (:meth:`Kind.takes_user`) and what it
+can do (its flags, and :meth:`Kind.route`: prefix, text or generation). The probe picks one
+(:func:`~.choose`) and stores it in :attr:`~..types.Capabilities.kind`; nothing else in the core asks which
+kind it is talking to.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from ..answers import excerpt, parse_tokens, top_entries
+from ..calls import Call, EndpointState, Flow, Token
+from ..errors import CapabilityError, EndpointError, ResponseError
+from ..types import Capabilities
+from ..untrusted import Prompt
+
+__all__ = ["Kind", "Tokenizer", "register", "kind_of", "tokenizer_of", "Query", "TokenLogprobs", "Lists", "optional",
+           "unsupported", "readable", "entries", "count", "two_choices", "MAX_SLOTS", "MAX_CONTEXT",
+           "MAX_TOP_LIMIT", "COMPLETIONS", "CHAT", "OPENAI_ROUTES"]
+
+log = logging.getLogger("capcal_integrations.probe")  # what the probe found, under the probe's name
+
+TokenLogprobs = dict[Token, float]  # wanted token -> logprob (missing = not in the top-k)
+
+#: The OpenAI routes, relative to ``base_url``; both document a ``user`` field in the body.
+COMPLETIONS, CHAT = "completions", "chat/completions"
+OPENAI_ROUTES = (COMPLETIONS, CHAT)
+#: The servers (``Capabilities.server``) known to take ``user`` on those routes.
+TAKES_USER = ("llama.cpp", "vllm")
+
+
+@dataclass(frozen=True)
+class Query:
+    """Next-token log-probabilities wanted after ``messages`` and an assistant ``prefix``, given as
+    the served model's tokens (so a transport can send ids, or their text)."""
+
+    messages: Prompt  # the template with its untrusted spans kept apart (untrusted.Prompt)
+    prefix: tuple[Token, ...]
+    want: tuple[Token, ...]
+    render: str = "chat"  # "chat": the server's chat template; else rendered here (prompts.prompt_text)
+
+    @property
+    def text(self) -> str:
+        return "".join(piece for _, piece in self.prefix)
+
+    @property
+    def prompt(self) -> tuple[Prompt, str]:
+        """What identifies the rendered prompt (the same messages in two formats are two prompts)."""
+        return self.messages, self.render
+
+
+class Kind:
+    """One endpoint kind. Subclasses set the flags and override :meth:`send`; the defaults are a kind that
+    continues no prefix (hosted APIs), whose identifiers are read from text prompts or answers."""
+
+    name: ClassVar[str] = ""  # shown in logs and docs
+    transport: ClassVar[str] = ""  # Capabilities.transport (kept for display and earlier callers)
+    prompt_lists: ClassVar[bool] = False  # continues any prompt, client-side formats too, in prompt lists
+    prefill: ClassVar[bool] = False  # continues a prefix in the server's chat template
+    prefix_as_text: ClassVar[bool] = False  # sends the prefix as text (its tokens' pieces must be text)
+    server: ClassVar[str] = ""  # the server this kind proves (Capabilities.server, where the listing did not say)
+
+    def __repr__(self) -> str:
+        return f"<endpoint kind {self.name}>"
+
+    def matches(self, caps: Capabilities) -> bool:
+        """Whether ``caps``, built without a kind (by hand, or by an earlier version), name this kind."""
+        return caps.transport == self.transport
+
+    def route(self, caps: Capabilities, prompt: str = "chat") -> str:
+        """How identifier probabilities are read for prompts in format ``prompt`` (``Options.prompt``): after
+        any assistant prefix (``prefix``), after a prefix in a text prompt rendered here (``text``), or from
+        the model's own answer (``generation``); a :class:`~..errors.CapabilityError` when not at all."""
+        if self.prompt_lists or (self.prefill and prompt == "chat"):
+            return "prefix"
+        if caps.text_completions and prompt != "chat":
+            return "text"
+        if prompt != "chat":
+            raise CapabilityError(f"prompt={prompt!r} is sent as text through /v1/completions, which this endpoint "
+                                  "does not offer with log-probabilities; use prompt='chat'", missing="text completions")
+        if caps.logprobs or caps.chat:  # without log-probabilities only answers can be parsed: vanilla, psc
+            return "generation"
+        raise CapabilityError("the endpoint returns no log-probabilities (chat completions with logprobs/top_logprobs, "
+                              "or /v1/completions with logprobs); every method needs them", missing="logprobs")
+
+    def prepare(self, state: EndpointState) -> Flow[None]:
+        """What the kind learns once per endpoint before any prompt is counted or sent (nothing here)."""
+        return
+        yield
+
+    def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
+        """The spans of one decoding step sent: one answer's choice per query, in order."""
+        if any(q.render != "chat" for q in queries):
+            raise CapabilityError(f"prompt={queries[0].render!r} sends text through /v1/completions, which this "
+                                  "endpoint does not offer with prompt lists; use prompt='chat'",
+                                  missing="completions prompt lists")
+        raise CapabilityError(
+            "the endpoint cannot continue a prefilled assistant message (and has no templated prompt lists), "
+            "so identifier probabilities after a ranking prefix cannot be read here (probe.route says how this "
+            "endpoint is read instead)", missing="assistant prefill")
+        yield
+
+    def read(self, choice: Any, want: Sequence[Token]) -> tuple[TokenLogprobs, float]:
+        """The wanted tokens among a choice's first-position alternatives, by id where the server gave ids,
+        else by text; and the smallest logprob returned (an upper bound for any token not returned)."""
+        found_entries = top_entries(choice)
+        if not found_entries:
+            raise ResponseError("the answer carries no top log-probabilities", body=choice)
+        by_id = {i: v for i, _, v in found_entries if i is not None}
+        by_piece: dict[str, float] = {}
+        for _, piece, value in found_entries:
+            by_piece[piece] = max(value, by_piece.get(piece, float("-inf")))
+        found = {}
+        for token in want:
+            value = by_id.get(token[0]) if by_id else by_piece.get(token[1])
+            if value is not None:
+                found[token] = value
+        return found, min(v for _, _, v in found_entries)
+
+    def takes_user(self, caps: Capabilities) -> bool:
+        """Whether the body of the OpenAI routes may carry a routing key in ``user`` (:mod:`..routing`)."""
+        return caps.server in TAKES_USER
+
+
+class Tokenizer:
+    """A server's ``/tokenize`` dialect: the request for one text, and the served model's tokens of texts.
+    This one is the endpoint without a tokenizer."""
+
+    name: ClassVar[str] = ""  # Capabilities.tokenize
+
+    def call(self, model: str, text: str) -> Call:
+        raise NotImplementedError
+
+    def tokenize(self, caps: Capabilities, texts: Sequence[str], *, text: bool = False) -> Flow[list[list[Token]]]:
+        """Each text's ``(id, piece)`` tokens, no special tokens added (``text``: each piece as text)."""
+        if not self.name:
+            raise CapabilityError(
+                "the endpoint has no /tokenize route, so identifier labels cannot be built from the served "
+                "model's tokenizer (llama.cpp and vLLM have one)", missing="tokenize")
+        answers = yield [self.call(caps.model, t) for t in texts]
+        return [parse_tokens(a) for a in answers]
+
+    def spans(self, caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:
+        """Each untrusted span's token ids, special tokens neither added nor parsed."""
+        return [[i for i, _ in ts] for ts in (yield from self.tokenize(caps, texts))]
+
+
+_KINDS: list[Kind] = []  # in the order they are tried when Capabilities name no kind object
+_TOKENIZERS: dict[str, Tokenizer] = {}
+_NO_TOKENIZER = Tokenizer()
+K = TypeVar("K", Kind, Tokenizer)
+
+
+def register(it: K) -> K:
+    """A kind or tokenizer of this package, found by :func:`kind_of` and :func:`tokenizer_of`."""
+    if isinstance(it, Kind):
+        _KINDS.append(it)
+    else:
+        _TOKENIZERS[it.name] = it
+    return it
+
+
+def kind_of(caps: Capabilities) -> Kind:
+    """The endpoint's kind: the one the probe chose (``caps.kind``), else the one ``caps`` names."""
+    if isinstance(caps.kind, Kind):
+        return caps.kind
+    found = next((k for k in _KINDS if k.matches(caps)), None)
+    if found is None:
+        raise ValueError(f"no endpoint kind has transport {caps.transport!r}")
+    return found
+
+
+def tokenizer_of(caps: Capabilities) -> Tokenizer:
+    """The endpoint's ``/tokenize`` dialect (one that raises :class:`~..errors.CapabilityError` when it has none)."""
+    return _TOKENIZERS.get(caps.tokenize, _NO_TOKENIZER)
+
+
+@dataclass(frozen=True)
+class Lists:
+    """What a prompt-list probe found: the kind (``None``: the route answered, but takes no prompt lists),
+    whether it returns the logprobs of given token ids (vLLM's ``logprob_token_ids``), and its top-k limit."""
+
+    kind: Kind | None = None
+    logprob_token_ids: bool = False
+    max_top_logprobs: int = 0
+
+
+# --------------------------------------------------------------------------- probing
+
+_UNSUPPORTED = (400, 404, 405, 422, 501)
+
+
+def optional(call: Call) -> Flow[Any | None]:
+    """The answer to ``call``, or ``None`` when the endpoint does not support it (an "unsupported"
+    status or an unreadable answer). Any other failure propagates."""
+    try:
+        [answer] = yield [call]
+    except EndpointError as err:
+        if err.status in _UNSUPPORTED or isinstance(err, ResponseError):
+            return None
+        raise
+    return answer
+
+
+def unsupported(err: EndpointError) -> bool:
+    return err.status in _UNSUPPORTED
+
+
+def readable(read: Any, *args: Any) -> Any:
+    """What ``read`` makes of an optional probe's answer, or ``None`` when that answer is malformed."""
+    try:
+        return read(*args)
+    except ResponseError as err:
+        log.info("probe: %s; treated as unsupported", err)
+        return None
+
+
+def entries(choice: Any) -> list:
+    return readable(top_entries, choice) or []
+
+
+def two_choices(answer: Any, *, by_id: bool) -> bool:
+    choices = answer.get("choices") if isinstance(answer, Mapping) else None
+    if not (isinstance(choices, list) and len(choices) == 2):
+        return False
+    found = [entries(c) for c in choices]
+    return all(found) and (not by_id or all(e[0] is not None for es in found for e in es))
+
+
+#: The largest values an endpoint may report (:func:`count`): above them a report is not believed.
+MAX_SLOTS = 4096
+MAX_CONTEXT = 2**24  # tokens (16.8 M: ten times the longest context served today)
+MAX_TOP_LIMIT = 100_000
+
+
+def count(value: Any, what: str = "", bound: int | None = None, body: Any = None) -> int | None:
+    """A positive integer an optional field reports (a context size, a slot count), else None; a
+    :class:`~..errors.ResponseError` naming the ``bound`` when it is above it.
+
+    >>> count(8), count("8"), count(0)
+    (8, None, None)
+    >>> count(10**12, "total_slots", MAX_SLOTS)
+    Traceback (most recent call last):
+    ...
+    capcal_integrations.errors.ResponseError: the endpoint reports total_slots = 1000000000000, above the bound of 4096
+    """
+    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return None
+    if bound is not None and value > bound:
+        shown = str(value) if value < 10**30 else f"a {len(str(value))}-digit number"
+        raise ResponseError(f"the endpoint reports {what} = {shown}, above the bound of {bound}",
+                            body=excerpt(body))
+    return value

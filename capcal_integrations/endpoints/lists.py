@@ -1,0 +1,72 @@
+"""What the two prompt-list kinds (:mod:`.llamacpp`, :mod:`.vllm`) share: every assistant prefix of one
+prompt as a list of prompts in **one** ``/v1/completions`` request, the prompt as the kind renders it and the
+prefix as the served model's token ids, pinned to a llama.cpp slot where the server has several (not when
+``state.routed``: a slot number means nothing across servers)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from ..answers import choices_of
+from ..calls import Call, EndpointState, Flow, Token
+from ..types import Capabilities
+from ..untrusted import Prompt
+from .base import COMPLETIONS, Kind, Query
+
+__all__ = ["PromptLists"]
+
+Key = tuple[Prompt, str]  # a rendered prompt: its messages and its format (Query.prompt)
+
+
+class PromptLists(Kind):
+    """A kind that continues any prompt in prompt lists; subclasses render the prompts (:meth:`render`)."""
+
+    prompt_lists: ClassVar[bool] = True
+
+    def render(self, state: EndpointState, caps: Capabilities, keys: Sequence[Key]) -> Flow[None]:
+        """Each prompt as sent, into ``state.templates[key]``: a list of text and ids, or of ids."""
+        raise NotImplementedError
+
+    def templates(self, state: EndpointState, keys: Sequence[Key]) -> Flow[dict[Key, list[Any]]]:
+        """The rendered prompts the requests carry (llama.cpp behind a router: as ids only)."""
+        return {key: state.templates[key] for key in keys}
+        yield
+
+    def body(self, caps: Capabilities, wanted: Sequence[Token]) -> dict[str, Any]:
+        """What the kind adds to a request's body, given the tokens its prompts want."""
+        return {}
+
+    def deliver(self, state: EndpointState, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]]:
+        """The answers to ``calls``."""
+        return (yield calls)
+
+    def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
+        caps = state.caps
+        assert caps is not None, "probe the endpoint first"
+        keys = list(dict.fromkeys(q.prompt for q in queries))
+        missing = [key for key in keys if key not in state.templates]
+        if missing:
+            yield from self.render(state, caps, missing)
+        templates = yield from self.templates(state, keys)
+        groups: dict[Key, list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q.prompt, []).append(i)
+        calls = []
+        for key, members in groups.items():
+            prompts = [[*templates[key], *(i for i, _ in queries[j].prefix)] for j in members]
+            body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0,
+                    **self.body(caps, [t for j in members for t in queries[j].want])}
+            if caps.slots > 1 and not state.routed and (slot := state.slots.pin(key, caps.slots)) is not None:
+                body["id_slot"] = slot
+            calls.append(Call("POST", COMPLETIONS, body))
+        try:
+            answers = yield from self.deliver(state, caps, calls)
+        finally:
+            for call in calls:
+                state.slots.release(call.body.get("id_slot") if call.body else None)
+        choices: list[Any] = [None] * len(queries)
+        for members, answer in zip(groups.values(), answers):
+            for i, choice in zip(members, choices_of(answer, len(members))):
+                choices[i] = choice
+        return choices
