@@ -14,19 +14,16 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import NamedTuple
 
 import httpx2
 import pytest
-from fake_endpoint import make_handler
 
 from capcal_integrations.cli import main
 from capcal_integrations.server import cache_dir, launcher, ownership
 from capcal_integrations.server.ownership import new_key, record_server
+from capcal_integrations.testing import Loopback
 
 AMBIENT = "sk-ambient-openai-key-never-to-leave"
 TINY = pathlib.Path(__file__).parent / "fixtures" / "tiny-dl"
@@ -39,16 +36,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Seen(NamedTuple):
-    method: str
-    path: str
-    auth: str | None
-    status: int
-    raw: str  # request line, headers and body: to look for a secret anywhere in them
-
-
-class FakeLocal:
-    """A loopback server answering as llama.cpp would (tests/fake_endpoint.py); it records every request.
+class FakeLocal(Loopback):
+    """A loopback server answering as llama.cpp would (:class:`capcal_integrations.testing.Loopback`); it records
+    every request with its request line and headers.
 
     ``key=None``: it answers everything (what a stranger's server may do); else every route but
     ``/health`` needs ``Authorization: Bearer key`` (401 otherwise), as ``capcal serve`` does.
@@ -56,48 +46,10 @@ class FakeLocal:
     """
 
     def __init__(self, *, key: str | None = None, port: int = 0) -> None:
-        self.key, self.seen = key, []
-        fake, outer = make_handler(), self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                auth = self.headers.get("Authorization")
-                if self.path == "/health":
-                    status, content = 200, b"OK"
-                elif outer.key and auth != f"Bearer {outer.key}":
-                    status, content = 401, b'{"error": {"message": "Invalid API Key", "code": 401}}'
-                else:
-                    answer = fake(httpx2.Request(self.command, "http://fake" + self.path, content=body))
-                    status, content = answer.status_code, answer.content
-                raw = f"{self.requestline}\n{self.headers}\n{body.decode(errors='replace')}"
-                outer.seen.append(Seen(self.command, self.path, auth, status, raw))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
-
-            do_GET = do_POST = _answer
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> FakeLocal:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(key=key, port=port, health=b"OK", raw=True)
 
     def everything(self) -> str:
-        return "\n".join(s.raw for s in self.seen)
+        return "\n".join(s.body for s in self.seen)
 
 
 class StandIn:

@@ -19,7 +19,7 @@ class Seen(NamedTuple):
     path: str
     auth: str | None
     status: int
-    body: str
+    body: str  # the request's body; with ``raw=True`` its request line and headers first
 
 
 class Loopback:
@@ -30,7 +30,10 @@ class Loopback:
     library (both openai majors). For example ``with Loopback(key="k") as fake:``, then
     ``CapCalReranker(base_url=fake.base_url, api_key="k")``."""
 
-    def __init__(self, *, key: str | None = None, port: int = 0, handler: Handler | None = None) -> None:
+    def __init__(self, *, key: str | None = None, port: int = 0, handler: Handler | None = None,
+                 health: bytes = b'{"status": "ok"}', raw: bool = False) -> None:
+        """``health``: what ``/health`` answers (200); ``raw``: record each request's line and headers too (to look
+        for a secret anywhere in them)."""
         self.key = key
         self.seen: list[Seen] = []
         fake, outer = make_handler() if handler is None else handler, self
@@ -43,13 +46,15 @@ class Loopback:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 auth = self.headers.get("Authorization")
                 if self.path == "/health":
-                    status, content = 200, b'{"status": "ok"}'
+                    status, content = 200, health
                 elif outer.key and auth != f"Bearer {outer.key}":
                     status, content = 401, b'{"error": {"message": "Invalid API Key", "code": 401}}'
                 else:
                     answer = fake(httpx2.Request(self.command, "http://fake" + self.path, content=body))
                     status, content = answer.status_code, answer.content
-                outer.seen.append(Seen(self.command, self.path, auth, status, body.decode(errors="replace")))
+                text = body.decode(errors="replace")
+                outer.seen.append(Seen(self.command, self.path, auth, status,
+                                       f"{self.requestline}\n{self.headers}\n{text}" if raw else text))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(content)))
