@@ -13,23 +13,26 @@ from capcal_integrations import Ranking
 #: How far the model's own probabilities (``Step.p`` and ``Step.q``) of two runs may differ: the
 #: server's drift, about 0.01 nat, more when concurrent requests are batched together.
 DRIFT = 0.03
+#: vLLM's CPU build: a request batched with others (the async run sends the real and the empty stream at once)
+#: computes other numbers than the same request alone; measured up to .031 on a two-candidate step (CI, 2 cores).
+VLLM_DRIFT = 0.04
 #: Score tolerance of two runs that chose alike (rank-consistent scores move little).
 TIE = 0.05
 
 
-def near_tie(alpha: float) -> float:
+def near_tie(alpha: float, drift: float = DRIFT) -> float:
     """The largest gap between two candidates' calibrated scores that drift can close: with ``p`` and
     ``q`` each within ``DRIFT``, ``s_i - s_j`` of ``p - alpha (q - 1/|C|)`` moves by at most
     ``2 DRIFT (1 + alpha)``; a pick that flips across a wider gap is a real disagreement."""
-    return 2 * DRIFT * (1 + alpha)
+    return 2 * drift * (1 + alpha)
 
 
-def assert_same_ranking(got: Ranking, want: Ranking, tol: float = TIE) -> None:
+def assert_same_ranking(got: Ranking, want: Ranking, tol: float = TIE, drift: float = DRIFT) -> None:
     """``got`` and ``want`` rank alike: identical orders and scores within ``tol``, or the first
     decoding step where they chose differently was a near-tie (both picks within :func:`near_tie`) in both,
     after identical choices before it."""
     assert sorted(got.order) == sorted(want.order) == list(range(len(want.order)))
-    assert_same_model_probabilities(got, want)
+    assert_same_model_probabilities(got, want, drift)
     if got.order == want.order:
         assert all(abs(a - b) <= tol for a, b in zip(got.scores, want.scores, strict=True)), (got.scores, want.scores)
         return
@@ -38,7 +41,7 @@ def assert_same_ranking(got: Ranking, want: Ranking, tol: float = TIE) -> None:
         if a.chosen != b.chosen:
             for step in (a, b):
                 s = dict(zip(step.candidates, step.scores, strict=True))
-                assert abs(s[a.chosen] - s[b.chosen]) <= near_tie(step.alpha), (
+                assert abs(s[a.chosen] - s[b.chosen]) <= near_tie(step.alpha, drift), (
                     f"orders differ beyond a near-tie: {got.order} vs {want.order}; {step}")
             return
     if got.decoded is not None and got.decoded == want.decoded and got.order[:got.decoded] == want.order[:got.decoded]:
