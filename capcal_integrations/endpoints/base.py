@@ -33,7 +33,7 @@ TokenLogprobs = dict[Token, float]  # wanted token -> logprob (missing = not in 
 COMPLETIONS, CHAT = "completions", "chat/completions"
 OPENAI_ROUTES = (COMPLETIONS, CHAT)
 #: The servers (``Capabilities.server``) known to take ``user`` on those routes.
-TAKES_USER = ("llama.cpp", "vllm")
+TAKES_USER = ("llama.cpp", "vllm", "sglang")
 
 
 @dataclass(frozen=True)
