@@ -10,7 +10,18 @@ import pytest
 
 from capcal_integrations import CapCalReranker
 from capcal_integrations.drivers import run_sync
-from capcal_integrations.endpoints import CHAT_PREFILL, HOSTED_CHAT, HOSTED_COMPLETIONS, LLAMACPP, SGLANG, VLLM, kind_of, tokenize
+from capcal_integrations.endpoints import (
+    CHAT_PREFILL,
+    HOSTED_CHAT,
+    HOSTED_COMPLETIONS,
+    LLAMACPP,
+    OLLAMA,
+    SGLANG,
+    VLLM,
+    kind_of,
+    tokenize,
+)
+from capcal_integrations.errors import CapabilityError
 from capcal_integrations.probe import route
 from capcal_integrations.testing import clients, hosted, make_handler
 from capcal_integrations.types import Capabilities
@@ -40,6 +51,7 @@ DIALECTS = {
     "SGLang": (make_handler(sglang=True), SGLANG, "sglang-completions"),
     "chat prefill (SGLang without messages in /tokenize)": (
         make_handler(sglang=True, fault=_no_messages_in_tokenize), CHAT_PREFILL, "chat"),
+    "Ollama": (make_handler(ollama=True), OLLAMA, "chat-text"),
     "hosted chat": (make_handler(fault=hosted(_chat_answer)), HOSTED_CHAT, ""),
     "hosted completions": (make_handler(fault=hosted(_chat_answer, completions=True)), HOSTED_COMPLETIONS, ""),
 }
@@ -64,6 +76,7 @@ def test_capabilities_built_by_hand_find_the_kind_their_transport_names():
     assert kind_of(caps(transport="token-completions")) is VLLM
     assert kind_of(caps(transport="sglang-completions")) is SGLANG
     assert kind_of(caps(transport="chat")) is CHAT_PREFILL
+    assert kind_of(caps(transport="chat-text")) is OLLAMA and route(caps(transport="chat-text")) == "text"
     assert kind_of(caps()) is HOSTED_CHAT and kind_of(caps(text_completions=5)) is HOSTED_COMPLETIONS
     assert [route(caps(transport="chat")), route(caps(text_completions=5), "raw"), route(caps())] == [
         "prefix", "text", "generation"]
@@ -109,3 +122,21 @@ def test_sglang_label_pieces_are_each_token_decoded_alone():
     assert tokens == [[(508, " ["), (16, "1"), (17, "2"), (60, "]")]]
     [detok] = [json.loads(c.content) for c in calls if c.url.path == "/detokenize"]
     assert detok["tokens"] == [[16], [17], [60], [508]]
+
+
+def test_ollama_continues_the_prefix_in_chat_and_reads_token_texts_without_a_tokenizer():
+    calls: list = []
+    sync, async_ = clients(make_handler(ollama=True, calls=calls))
+    rr = CapCalReranker(client=sync, async_client=async_, guard=None)
+    caps = rr.capabilities()
+    assert (caps.server, caps.tokenize, caps.max_top_logprobs, caps.text_completions) == ("ollama", "", 20, 0)
+    del calls[:]
+    ranking = rr.rerank("which is about fleas?", ["Fleas live 2-3 months.", "Bananas.", "Paris."])
+    assert sorted(ranking.order) == [0, 1, 2] and ranking.method == "capcal"
+    assert {c.url.path for c in calls} == {"/v1/chat/completions"}  # no /tokenize, no /v1/completions
+    bodies = [json.loads(c.content) for c in calls]
+    assert all(b["messages"][-1]["role"] == "assistant" and b["messages"][-1]["content"].startswith("[")
+               and b["top_logprobs"] <= 20 and "user" not in b for b in bodies)
+    assert any(" > [" in b["messages"][-1]["content"] for b in bodies)  # later steps continue the ranking so far
+    with pytest.raises(CapabilityError):  # its /v1/completions templates a text prompt: no client-side formats
+        rr.with_options(prompt="chatml").rerank("q", ["a", "b", "c"])

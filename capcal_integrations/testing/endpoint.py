@@ -111,7 +111,7 @@ def vllm_completions(body: dict, max_logprobs: int) -> Any:
 
 def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = False, context: int = 4096,
                  slots: int = 0, calls: list | None = None, vllm: bool = False, max_logprobs: int = 20,
-                 sglang: bool = False) -> Handler:
+                 sglang: bool = False, ollama: bool = False) -> Handler:
     """A fake endpoint's request handler. By default it speaks llama.cpp's server: ``/v1/models`` (one
     model, ``fake``, owned by ``llamacpp``), ``/props`` (``context`` tokens, ``slots`` slots),
     ``/tokenize`` (text or a mixed list of text and ids, ``with_pieces``, ``parse_special``),
@@ -124,7 +124,11 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
     ``sglang`` with ``max_model_len``, no ``/apply-template`` or ``/props``, ``/tokenize`` with ``prompt`` (a
     text or texts) or ``messages``, ``/detokenize`` of ids or lists of ids, token-id prompt lists answered
     with alternatives keyed by token text, chat completions that continue a final assistant message only
-    with ``continue_final_message``.
+    with ``continue_final_message``. ``ollama=True`` answers as Ollama's OpenAI-compatible API does (its
+    documented shapes, never run here): models ``owned_by: library``, no ``/tokenize``, ``/props`` or
+    ``/apply-template``, chat completions continuing a final assistant message with ``logprobs.content``
+    token texts and no ids (``top_logprobs`` above 20 refused), ``/v1/completions`` on one text prompt only,
+    without log-probabilities.
     ``fault(request)`` may return a response to send instead (a 500, or :func:`hosted`'s answers) or None
     to proceed. ``calls``: every request is appended to it."""
 
@@ -137,7 +141,7 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
                 return forced
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
-        dialect = _vllm_only if vllm else _sglang_only if sglang else None
+        dialect = _vllm_only if vllm else _sglang_only if sglang else _ollama_only if ollama else None
         if dialect is not None:
             forced = dialect(path, body, context, max_logprobs)
             if forced is not None:
@@ -172,16 +176,20 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
                 choices.append({"index": i, "text": "", "logprobs": lp})
             return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
         if path == "/v1/chat/completions":
-            prompt = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"])
-            if body["messages"][-1]["content"].startswith("A B C"):  # the prefill probe: continue the alphabet
-                lp = {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
-                                   "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
-            else:
-                lp = content_logprobs(prompt, body.get("top_logprobs") or 1)
-            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})
+            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": chat_logprobs(body)}]})
         return httpx2.Response(404, json={"error": "not found"})
 
     return handler
+
+
+def chat_logprobs(body: dict) -> dict:
+    """A chat completion's ``logprobs`` continuing the final message: the prefill probe ("A B C ...") goes on
+    with " Y"."""
+    if body["messages"][-1]["content"].startswith("A B C"):  # the prefill probe: continue the alphabet
+        return {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
+                             "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
+    return content_logprobs("".join(f"<{m['role']}>{m['content']}" for m in body["messages"]),
+                            body.get("top_logprobs") or 1)
 
 
 def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
@@ -227,6 +235,32 @@ def _sglang_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
     if path == "/v1/chat/completions" and last.get("role") == "assistant" and not body.get("continue_final_message"):
         lp = content_logprobs(_template(body["messages"]), body.get("top_logprobs") or 1)
         return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})  # a new turn: no prefill
+    return None
+
+
+def _ollama_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
+    if path == "/v1/models":
+        return httpx2.Response(200, json={"object": "list", "data": [
+            {"id": "qwen2.5:0.5b", "object": "model", "created": 1700000000, "owned_by": "library"}]})
+    if path in ("/props", "/apply-template", "/tokenize", "/detokenize"):
+        return httpx2.Response(404, text="404 page not found")
+    if path == "/v1/completions":  # one text prompt, templated by the server; no log-probabilities
+        if not isinstance(body.get("prompt"), str):
+            return httpx2.Response(400, json={"error": {"message": "json: cannot unmarshal array into Go struct field "
+                                                        "CompletionRequest.prompt of type string",
+                                                        "type": "invalid_request_error"}})
+        return httpx2.Response(200, json={"object": "text_completion", "choices": [{"index": 0, "text": "x"}]})
+    if path == "/v1/chat/completions":
+        if not 0 <= (body.get("top_logprobs") or 0) <= 20:
+            return httpx2.Response(400, json={"error": {"message": "top_logprobs must be between 0 and 20",
+                                                        "type": "invalid_request_error"}})
+        lp = chat_logprobs(body) if body.get("logprobs") else None
+        content = [{k: v for k, v in e.items() if k != "id"} | {"top_logprobs": [
+            {k: v for k, v in t.items() if k != "id"} for t in e["top_logprobs"]]} for e in (lp or {}).get("content", [])]
+        choice = {"index": 0, "message": {"role": "assistant", "content": content[0]["token"] if content else "x"},
+                  "finish_reason": "length", **({"logprobs": {"content": content}} if lp else {})}
+        return httpx2.Response(200, json={"object": "chat.completion", "system_fingerprint": "fp_ollama",
+                                          "choices": [choice]})
     return None
 
 
