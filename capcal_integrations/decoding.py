@@ -27,8 +27,8 @@ from .labels import LabelScores, label_logprobs
 from .options import Options
 from .orders import order_of_scores
 from .probe import route
-from .prompts import labels, prompt_text, render_prompt
-from .protocol import EndpointState, Flow, Token, generate, text_messages, tokenize
+from .prompts import labels, render_prompt
+from .protocol import EndpointState, Flow, Token, generate, tokenize
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Step
 
@@ -82,11 +82,10 @@ def _label_scores(state: EndpointState, opts: Options, way: str, streams: Sequen
         paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
         return (yield from label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability,
                                           top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt))
-    if way == "text":
-        prefix = "".join(_prefix_spellings(opts, chosen))
+    if way == "text":  # what each stream's reads continue, as the endpoint kind renders it; then the prefix
         texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
-        prompts = [prompt_text(text_messages(state, m, opts.prompt), opts.prompt) + prefix for m in streams]
-        return (yield from text_label_logprobs(state, prompts, texts,
+        contexts = [kind_of(state.caps).text_context(state, m, opts.prompt) for m in streams]
+        return (yield from text_label_logprobs(state, contexts, texts, prefix="".join(_prefix_spellings(opts, chosen)),
                                                form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
     return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
 

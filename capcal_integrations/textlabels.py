@@ -9,8 +9,9 @@ alternatives whose texts spell it, and :func:`score_texts` sums the paths that r
 
 Two ways to get reads:
 
-* :func:`text_label_logprobs` (``/v1/completions`` with text prompts): any node can be read (the
-  prompt plus the node's text), so the walk reads every node it needs, breadth first, all contexts
+* :func:`text_label_logprobs` (``/v1/completions`` with text prompts, or chat completions continuing a
+  prefilled assistant message where there is no tokenizer): any node can be read (the prompt, the prefix
+  and the node's text), so the walk reads every node it needs, breadth first, all contexts
   of a step in one request per level;
 * :func:`generated_label_logprobs` (chat completions without prefill): only the nodes along the
   model's own greedy answer are read, one request per context. A node the answer did not pass
@@ -28,11 +29,13 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from .endpoints import kind_of
 from .errors import ResponseError
 from .labels import LabelScores, logsumexp
 from .prompts import Messages
-from .protocol import Alternatives, EndpointState, Flow, Generated, generate, text_next_tokens
+from .protocol import Alternatives, EndpointState, Flow, Generated, generate
 
 __all__ = ["score_texts", "nodes_to_read", "text_label_logprobs", "generated_label_logprobs", "path_reads",
            "parse_ranking"]
@@ -122,16 +125,18 @@ def nodes_to_read(labels: Sequence[str], reads: Reads, form: str = "joint") -> l
     return sorted(t for t in found - set(reads) if sum(label.startswith(t) and label != t for label in labels) >= need)
 
 
-def text_label_logprobs(state: EndpointState, prompts: Sequence[str], labels: Sequence[str], *, form: str = "joint",
-                        top: int = 20, shared: bool = False) -> Flow[list[LabelScores]]:
-    """Every label's log-probability after each text prompt (the whole prompt: template, messages and the
-    assistant prefix), read breadth first through ``/v1/completions``: one request per level of the
-    walk for all prompts. The text every label begins with is not read unless ``shared``."""
+def text_label_logprobs(state: EndpointState, prompts: Sequence[Any], labels: Sequence[str], *, prefix: str = "",
+                        form: str = "joint", top: int = 20, shared: bool = False) -> Flow[list[LabelScores]]:
+    """Every label's log-probability after each prompt and the assistant ``prefix``, read breadth first
+    through the endpoint kind's :meth:`~.endpoints.base.Kind.next_tokens` (a text prompt for
+    ``/v1/completions``, or chat messages continued by a prefilled assistant message): one request per
+    level of the walk for all prompts. The text every label begins with is not read unless ``shared``."""
     start = "" if shared else os.path.commonprefix(list(labels))
     reads: list[dict[str, Alternatives]] = [{} for _ in prompts]
     frontier = [(c, start) for c in range(len(prompts))]
     while frontier:
-        answers = yield from text_next_tokens(state, [prompts[c] + node for c, node in frontier], top)
+        answers = yield from kind_of(state.caps).next_tokens(state, [(prompts[c], prefix + node) for c, node in frontier],
+                                                             top)
         for (c, node), answer in zip(frontier, answers):
             reads[c][node] = answer
         frontier = [(c, node) for c in range(len(prompts)) for node in nodes_to_read(labels, reads[c], form)]

@@ -4,11 +4,24 @@ probes to its own kind, and capabilities built by hand find the kind their trans
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.endpoints import CHAT_PREFILL, HOSTED_CHAT, HOSTED_COMPLETIONS, LLAMACPP, VLLM, kind_of
+from capcal_integrations.drivers import run_sync
+from capcal_integrations.endpoints import (
+    CHAT_PREFILL,
+    HOSTED_CHAT,
+    HOSTED_COMPLETIONS,
+    LLAMACPP,
+    OLLAMA,
+    SGLANG,
+    VLLM,
+    kind_of,
+    tokenize,
+)
+from capcal_integrations.errors import CapabilityError
 from capcal_integrations.probe import route
 from capcal_integrations.testing import clients, hosted, make_handler
 from capcal_integrations.types import Capabilities
@@ -25,10 +38,20 @@ def _no_completions(request):
     return httpx2.Response(404, json={}) if request.url.path == "/v1/completions" else None
 
 
+def _no_messages_in_tokenize(request):  # an SGLang before /tokenize took messages: prompt is required
+    if request.url.path == "/tokenize" and b'"messages"' in request.content:
+        return httpx2.Response(400, json={"object": "error", "code": 400, "message": "prompt: Field required"})
+    return None
+
+
 DIALECTS = {
     "llama.cpp": (make_handler(), LLAMACPP, "completions"),
     "vLLM": (make_handler(vllm=True), VLLM, "token-completions"),
     "chat prefill (vLLM without prompt lists)": (make_handler(vllm=True, fault=_no_completions), CHAT_PREFILL, "chat"),
+    "SGLang": (make_handler(sglang=True), SGLANG, "sglang-completions"),
+    "chat prefill (SGLang without messages in /tokenize)": (
+        make_handler(sglang=True, fault=_no_messages_in_tokenize), CHAT_PREFILL, "chat"),
+    "Ollama": (make_handler(ollama=True), OLLAMA, "chat-text"),
     "hosted chat": (make_handler(fault=hosted(_chat_answer)), HOSTED_CHAT, ""),
     "hosted completions": (make_handler(fault=hosted(_chat_answer, completions=True)), HOSTED_COMPLETIONS, ""),
 }
@@ -51,7 +74,9 @@ def test_capabilities_built_by_hand_find_the_kind_their_transport_names():
 
     assert kind_of(caps(transport="completions")) is LLAMACPP
     assert kind_of(caps(transport="token-completions")) is VLLM
+    assert kind_of(caps(transport="sglang-completions")) is SGLANG
     assert kind_of(caps(transport="chat")) is CHAT_PREFILL
+    assert kind_of(caps(transport="chat-text")) is OLLAMA and route(caps(transport="chat-text")) == "text"
     assert kind_of(caps()) is HOSTED_CHAT and kind_of(caps(text_completions=5)) is HOSTED_COMPLETIONS
     assert [route(caps(transport="chat")), route(caps(text_completions=5), "raw"), route(caps())] == [
         "prefix", "text", "generation"]
@@ -63,3 +88,55 @@ def test_the_kind_is_not_part_of_the_capabilities_repr_or_equality():
     sync, async_ = clients(make_handler())
     caps = CapCalReranker(client=sync, async_client=async_, guard=None).capabilities()
     assert "kind" not in repr(caps) and dataclasses.replace(caps, kind=None) == caps
+
+
+def _sglang(**kw):
+    calls: list = []
+    sync, async_ = clients(make_handler(sglang=True, calls=calls, **kw))
+    return CapCalReranker(client=sync, async_client=async_, guard=None), calls
+
+
+def test_sglang_sends_token_id_prompt_lists_and_reads_alternatives_by_token_text():
+    rr, calls = _sglang(context=8192)
+    caps = rr.capabilities()
+    assert (caps.server, caps.tokenize, caps.context, caps.chat_extra["continue_final_message"]) == (
+        "sglang", "sglang", 8192, True)
+    del calls[:]
+    ranking = rr.rerank("which is about fleas?", ["Fleas live 2-3 months.", "Bananas.", "Paris."])
+    assert sorted(ranking.order) == [0, 1, 2] and ranking.upper_bounds == 0
+    bodies = [json.loads(c.content) for c in calls if c.url.path == "/v1/completions"]
+    assert bodies and all(isinstance(p, list) and all(isinstance(i, int) for i in p) for b in bodies for p in b["prompt"])
+    assert not any("return_tokens_as_token_ids" in b or "logprob_token_ids" in b for b in bodies)
+    assert all(b["user"] for b in bodies)  # SGLang's CompletionRequest takes `user`: the routing key goes there
+    tokenized = [json.loads(c.content) for c in calls if c.url.path == "/tokenize"]
+    assert any("messages" in b for b in tokenized) and all(b["add_special_tokens"] is False for b in tokenized)
+    assert sorted(rr.with_options(method="vanilla").rerank("q", ["a", "b", "c"]).order) == [0, 1, 2]
+
+
+def test_sglang_label_pieces_are_each_token_decoded_alone():
+    rr, calls = _sglang()
+    caps = rr.capabilities()
+    del calls[:]
+    sync, _ = clients(make_handler(sglang=True, calls=calls))
+    tokens, _ = run_sync(tokenize(caps, [" [12]"]), sync)
+    assert tokens == [[(508, " ["), (16, "1"), (17, "2"), (60, "]")]]
+    [detok] = [json.loads(c.content) for c in calls if c.url.path == "/detokenize"]
+    assert detok["tokens"] == [[16], [17], [60], [508]]
+
+
+def test_ollama_continues_the_prefix_in_chat_and_reads_token_texts_without_a_tokenizer():
+    calls: list = []
+    sync, async_ = clients(make_handler(ollama=True, calls=calls))
+    rr = CapCalReranker(client=sync, async_client=async_, guard=None)
+    caps = rr.capabilities()
+    assert (caps.server, caps.tokenize, caps.max_top_logprobs, caps.text_completions) == ("ollama", "", 20, 0)
+    del calls[:]
+    ranking = rr.rerank("which is about fleas?", ["Fleas live 2-3 months.", "Bananas.", "Paris."])
+    assert sorted(ranking.order) == [0, 1, 2] and ranking.method == "capcal"
+    assert {c.url.path for c in calls} == {"/v1/chat/completions"}  # no /tokenize, no /v1/completions
+    bodies = [json.loads(c.content) for c in calls]
+    assert all(b["messages"][-1]["role"] == "assistant" and b["messages"][-1]["content"].startswith("[")
+               and b["top_logprobs"] <= 20 and "user" not in b for b in bodies)
+    assert any(" > [" in b["messages"][-1]["content"] for b in bodies)  # later steps continue the ranking so far
+    with pytest.raises(CapabilityError):  # its /v1/completions templates a text prompt: no client-side formats
+        rr.with_options(prompt="chatml").rerank("q", ["a", "b", "c"])

@@ -2,13 +2,15 @@
 
 * :mod:`.llamacpp`: llama.cpp's templated prompt lists (mixed text-and-id prompts, slots, ``/props``);
 * :mod:`.vllm`: vLLM's token-id prompt lists (``logprob_token_ids``, control tokens checked by id);
+* :mod:`.sglang`: SGLang's token-id prompt lists (answers keyed by token text);
 * :mod:`.chat`: chat completions continuing a prefilled assistant message (and the chat probe every kind uses);
+* :mod:`.ollama`: the same without a tokenizer (Ollama), read by token text;
 * :mod:`.hosted_chat`: a hosted chat API, read from the model's answers;
 * :mod:`.hosted_completions`: a hosted plain ``/v1/completions`` with text prompts rendered here.
 
-:mod:`.base` says what a kind is (:class:`~.base.Kind`) and :mod:`.lists` what the two prompt-list kinds
-share. :func:`choose` runs the probes of the kinds in order, the cheapest exact one first, and returns the
-kind with what it found; the probe (:mod:`..probe`) stores it in ``Capabilities.kind``, and the rest of the
+:mod:`.base` says what a kind is (:class:`~.base.Kind`) and :mod:`.lists` what the prompt-list kinds share
+(llama.cpp, vLLM, SGLang). :func:`choose` runs the probes of the kinds in order, the cheapest exact one first, and
+returns the kind with what it found; the probe (:mod:`..probe`) stores it in ``Capabilities.kind``, and the rest of the
 core calls its methods (:func:`kind_of`) instead of asking which kind it is.
 """
 
@@ -21,16 +23,18 @@ from ..answers import parse_tokens
 from ..calls import Flow, Token
 from ..types import Capabilities
 from . import chat as chat_kind
-from . import hosted_completions, llamacpp, vllm
+from . import hosted_completions, llamacpp, ollama, sglang, vllm
 from .base import Kind, Lists, Query, TokenLogprobs, kind_of, optional, readable, tokenizer_of
 from .chat import CHAT_PREFILL
 from .hosted_chat import HOSTED_CHAT, generate
 from .hosted_completions import HOSTED_COMPLETIONS, text_next_tokens
 from .llamacpp import LLAMACPP, SPAN_SEPARATOR
+from .ollama import OLLAMA
+from .sglang import SGLANG
 from .vllm import VLLM
 
 __all__ = ["Kind", "Query", "TokenLogprobs", "kind_of", "tokenizer_of", "tokenize", "span_ids", "server_facts",
-           "choose", "generate", "text_next_tokens", "SPAN_SEPARATOR", "LLAMACPP", "VLLM", "CHAT_PREFILL",
+           "choose", "generate", "text_next_tokens", "SPAN_SEPARATOR", "LLAMACPP", "VLLM", "SGLANG", "CHAT_PREFILL", "OLLAMA",
            "HOSTED_CHAT", "HOSTED_COMPLETIONS"]
 
 
@@ -49,9 +53,11 @@ def span_ids(caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:
 def server_facts(model: str, entries: Sequence[Mapping[str, Any]]) -> Flow[tuple[str, str, Mapping[str, Any]]]:
     """The server the model listing shows (``Capabilities.server``), the ``/tokenize`` dialect that answers
     (``Capabilities.tokenize``) and the server's ``/props`` (``{}`` where it has none)."""
-    server = llamacpp.server_of(entries)
+    server = llamacpp.server_of(entries) or sglang.server_of(entries) or ollama.server_of(entries)
     tokenize = ""
-    for tokenizer in (llamacpp.TOKENIZER, vllm.TOKENIZER):  # llama.cpp's shape first: vLLM refuses it (400)
+    # llama.cpp's shape first: vLLM refuses it (400); SGLang answers vLLM's shape too, so it is asked in its own
+    tokenizers = (sglang.TOKENIZER,) if server == sglang.SERVER else (llamacpp.TOKENIZER, vllm.TOKENIZER)
+    for tokenizer in tokenizers:
         answer = yield from optional(tokenizer.call(model, "[10]"))
         if answer is not None and readable(parse_tokens, answer):
             tokenize = tokenizer.name
@@ -63,14 +69,17 @@ def server_facts(model: str, entries: Sequence[Mapping[str, Any]]) -> Flow[tuple
 def choose(model: str, server: str, tokenize: str) -> Flow[dict[str, Any]]:
     """The endpoint's kind, the cheapest exact one that answers, and what its probes found, as
     :class:`~..types.Capabilities` fields: chat completions first (log-probabilities, prefill), then where
-    they return log-probabilities llama.cpp's and vLLM's prompt lists; without prompt lists, a plain
-    ``/v1/completions`` with text prompts."""
+    they return log-probabilities llama.cpp's, vLLM's and SGLang's prompt lists; without them, chat prefill
+    (read by token text where there is no tokenizer: Ollama); else a plain ``/v1/completions`` with text prompts
+    (not Ollama's: it applies the chat template to them)."""
     chat = yield from chat_kind.detect(model, 100 if server else 20)
     lists = Lists()
     if chat.logprobs:
         lists = (yield from llamacpp.detect(model)) or (yield from vllm.detect(model, tokenize))
-    kind = lists.kind or (CHAT_PREFILL if chat.prefill else None)
-    text, text_lists = (0, False) if lists.kind else (yield from hosted_completions.detect(model))
+        lists = lists if lists.kind else (yield from sglang.detect(model, tokenize))
+    kind = lists.kind or ((CHAT_PREFILL if tokenize else OLLAMA) if chat.prefill else None)
+    raw = not lists.kind and server != ollama.SERVER
+    text, text_lists = (yield from hosted_completions.detect(model)) if raw else (0, False)
     kind = kind or (HOSTED_COMPLETIONS if text else HOSTED_CHAT)
     server = server or kind.server
     top = llamacpp.TOP_LOGPROBS if server == llamacpp.SERVER else max(lists.max_top_logprobs, chat.max_top_logprobs)

@@ -15,15 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ..answers import excerpt, parse_tokens, top_entries
-from ..calls import Call, EndpointState, Flow, Token
+from ..answers import Alternatives, completion_alternatives, excerpt, parse_tokens, top_entries
+from ..calls import Call, EndpointState, Flow, Token, text_messages
 from ..errors import CapabilityError, EndpointError, ResponseError
+from ..prompts import prompt_text
 from ..types import Capabilities
 from ..untrusted import Prompt
 
 __all__ = ["Kind", "Tokenizer", "register", "kind_of", "tokenizer_of", "Query", "TokenLogprobs", "Lists", "optional",
            "unsupported", "readable", "entries", "count", "two_choices", "MAX_SLOTS", "MAX_CONTEXT",
-           "MAX_TOP_LIMIT", "COMPLETIONS", "CHAT", "OPENAI_ROUTES"]
+           "MAX_TOP_LIMIT", "COMPLETIONS", "CHAT", "OPENAI_ROUTES", "text_next_tokens"]
 
 log = logging.getLogger("capcal_integrations.probe")  # what the probe found, under the probe's name
 
@@ -33,7 +34,7 @@ TokenLogprobs = dict[Token, float]  # wanted token -> logprob (missing = not in 
 COMPLETIONS, CHAT = "completions", "chat/completions"
 OPENAI_ROUTES = (COMPLETIONS, CHAT)
 #: The servers (``Capabilities.server``) known to take ``user`` on those routes.
-TAKES_USER = ("llama.cpp", "vllm")
+TAKES_USER = ("llama.cpp", "vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,32 @@ class Kind:
                 found[token] = value
         return found, min(v for _, _, v in found_entries)
 
+    def text_context(self, state: EndpointState, messages: Prompt, prompt: str) -> Any:
+        """What the ``text`` route continues for ``messages`` (:mod:`...textlabels`): here the prompt rendered
+        in format ``prompt`` as text, for a plain ``/v1/completions``."""
+        return prompt_text(text_messages(state, messages, prompt), prompt)
+
+    def next_tokens(self, state: EndpointState, reads: Sequence[tuple[Any, str]], top: int) -> Flow[list[Alternatives]]:
+        """The ``text`` route's reads: the top-``top`` next token texts after each context
+        (:meth:`text_context`) and the assistant text after it; here one text prompt each."""
+        return (yield from text_next_tokens(state, [context + text for context, text in reads], top))
+
     def takes_user(self, caps: Capabilities) -> bool:
         """Whether the body of the OpenAI routes may carry a routing key in ``user`` (:mod:`..routing`)."""
         return caps.server in TAKES_USER
+
+
+def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> Flow[list[Alternatives]]:
+    """The top-``top`` next tokens after each text prompt, from a plain ``/v1/completions``
+    (``Capabilities.text_completions``: no template, no tokenizer, no ids): one request with the prompts
+    as a list where the endpoint takes lists (``prompt_lists``), else one request per prompt."""
+    caps = state.caps
+    assert caps is not None, "probe the endpoint first"
+    body = {"model": caps.model, "max_tokens": 1, "logprobs": min(top, caps.text_completions), "temperature": 0}
+    groups = [list(prompts)] if caps.prompt_lists else [[p] for p in prompts]
+    answers = yield [Call("POST", COMPLETIONS, {**body, "prompt": g if caps.prompt_lists else g[0]}) for g in groups]
+    return [alternatives for group, answer in zip(groups, answers)
+            for alternatives in completion_alternatives(answer, len(group))]
 
 
 class Tokenizer:

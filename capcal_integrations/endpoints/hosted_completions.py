@@ -1,19 +1,18 @@
 """A hosted API with a plain ``/v1/completions`` (Together, Fireworks, DeepInfra, ...): text prompts,
 rendered here in the model's format (``prompt="chatml"``, ...), with log-probabilities of token texts
 (``Capabilities.text_completions``: the top-k; ``Capabilities.transport == ""``). Any prefix of a prompt
-rendered here can be continued (the ``text`` route of :mod:`...textlabels`, :func:`text_next_tokens`); with
-the server's own chat template, identifiers are read from answers, as on a hosted chat API.
+rendered here can be continued (the ``text`` route of :mod:`...textlabels`, :func:`~.base.text_next_tokens`,
+re-exported here); with the server's own chat template, identifiers are read from answers, as on a hosted chat API.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
-from ..answers import Alternatives, completion_alternatives, first_choice
-from ..calls import Call, EndpointState, Flow
+from ..answers import first_choice
+from ..calls import Call, Flow
 from ..types import Capabilities
-from .base import COMPLETIONS, Kind, entries, optional, readable, register, two_choices
+from .base import COMPLETIONS, Kind, entries, optional, readable, register, text_next_tokens, two_choices
 
 __all__ = ["HOSTED_COMPLETIONS", "text_next_tokens", "detect"]
 
@@ -26,19 +25,6 @@ class HostedCompletions(Kind):
 
 
 HOSTED_COMPLETIONS = register(HostedCompletions())
-
-
-def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> Flow[list[Alternatives]]:
-    """The top-``top`` next tokens after each text prompt, from a plain ``/v1/completions``
-    (``Capabilities.text_completions``: no template, no tokenizer, no ids): one request with the prompts
-    as a list where the endpoint takes lists (``prompt_lists``), else one request per prompt."""
-    caps = state.caps
-    assert caps is not None, "probe the endpoint first"
-    body = {"model": caps.model, "max_tokens": 1, "logprobs": min(top, caps.text_completions), "temperature": 0}
-    groups = [list(prompts)] if caps.prompt_lists else [[p] for p in prompts]
-    answers = yield [Call("POST", COMPLETIONS, {**body, "prompt": g if caps.prompt_lists else g[0]}) for g in groups]
-    return [alternatives for group, answer in zip(groups, answers)
-            for alternatives in completion_alternatives(answer, len(group))]
 
 
 def detect(model: str) -> Flow[tuple[int, bool]]:

@@ -1,20 +1,22 @@
-"""What the two prompt-list kinds (:mod:`.llamacpp`, :mod:`.vllm`) share: every assistant prefix of one
+"""What the prompt-list kinds (:mod:`.llamacpp`, :mod:`.vllm`, :mod:`.sglang`) share: every assistant prefix of one
 prompt as a list of prompts in **one** ``/v1/completions`` request, the prompt as the kind renders it and the
 prefix as the served model's token ids, pinned to a llama.cpp slot where the server has several (not when
 ``state.routed``: a slot number means nothing across servers)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..answers import choices_of
+from ..answers import choices_of, excerpt
 from ..calls import Call, EndpointState, Flow, Token
+from ..errors import EndpointError
 from ..types import Capabilities
 from ..untrusted import Prompt
-from .base import COMPLETIONS, Kind, Query
+from .base import COMPLETIONS, MAX_TOP_LIMIT, Kind, Query, count, unsupported
 
-__all__ = ["PromptLists"]
+__all__ = ["PromptLists", "top_limit"]
 
 Key = tuple[Prompt, str]  # a rendered prompt: its messages and its format (Query.prompt)
 
@@ -70,3 +72,18 @@ class PromptLists(Kind):
             for i, choice in zip(members, choices_of(answer, len(members))):
                 choices[i] = choice
         return choices
+
+
+def top_limit(model: str, ids: list[int]) -> Flow[int]:
+    """The largest top-k a token-id prompt list is answered with: vLLM refuses more than its ``--max-logprobs``
+    (default 20) with "... greater than max allowed: N"; a refusal that names no limit reads as 20; a server
+    that answers 1001 has enough for any re-ask."""
+    try:
+        yield [Call("POST", COMPLETIONS, {"model": model, "prompt": [ids], "max_tokens": 1, "logprobs": 1001,
+                                          "temperature": 0})]
+    except EndpointError as err:
+        if not unsupported(err):
+            raise
+        found = re.search(r"max allowed: (\d{1,30})\b", excerpt(err.body, 2000))
+        return count(int(found.group(1)), "a top-k limit", MAX_TOP_LIMIT, err.body) or 20 if found else 20
+    return 1000

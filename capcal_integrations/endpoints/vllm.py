@@ -28,14 +28,14 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import excerpt, parse_tokens, template_of
+from ..answers import parse_tokens, template_of
 from ..calls import Call, EndpointState, Flow, Token, chat_messages, text_messages
-from ..errors import EndpointError, ResponseError
+from ..errors import ResponseError
 from ..prompts import Messages, prompt_text
 from ..types import Capabilities
 from ..untrusted import Prompt
-from .base import COMPLETIONS, MAX_TOP_LIMIT, Lists, Tokenizer, count, entries, optional, register, two_choices, unsupported
-from .lists import Key, PromptLists
+from .base import COMPLETIONS, Lists, Tokenizer, entries, optional, register, two_choices
+from .lists import Key, PromptLists, top_limit
 
 __all__ = ["VLLM", "TOKENIZER", "detect", "template_call", "learn_controls", "token_prompts", "atomic",
            "control_count"]
@@ -120,21 +120,7 @@ def detect(model: str, tokenizer: str) -> Flow[Lists]:
     answer = yield from optional(Call("POST", COMPLETIONS, {**body, "logprobs": 1, "logprob_token_ids": wanted}))
     exact = two_choices(answer, by_id=True) and all(
         set(wanted) <= {e[0] for e in entries(c)} for c in answer["choices"])
-    return Lists(VLLM, exact, (yield from _top_limit(model, ids)))
-
-
-def _top_limit(model: str, ids: list[int]) -> Flow[int]:
-    """The largest top-k the server returns: vLLM refuses more than its ``--max-logprobs`` (default
-    20) with "... greater than max allowed: N"; a server that answers 1001 has enough for any re-ask."""
-    try:
-        yield [Call("POST", COMPLETIONS, {"model": model, "prompt": [ids], "max_tokens": 1, "logprobs": 1001,
-                                          "temperature": 0})]
-    except EndpointError as err:
-        if not unsupported(err):
-            raise
-        found = re.search(r"max allowed: (\d{1,30})\b", excerpt(err.body, 2000))
-        return count(int(found.group(1)), "a top-k limit", MAX_TOP_LIMIT, err.body) or 20 if found else 20
-    return 1000
+    return Lists(VLLM, exact, (yield from top_limit(model, ids)))
 
 
 # --------------------------------------------------------------------------- control tokens, checked by id

@@ -20,6 +20,12 @@ The dialects it speaks (each the shape the library's tests check against the rea
   completions continuing a prefilled assistant message; ``legacy=True``: the legacy logprobs shape;
 * vLLM's, ``make_handler(vllm=True)``: token-id prompts, its ``/tokenize``/``/detokenize``,
   ``logprob_token_ids``, a top-k limit (``max_logprobs``);
+* SGLang's, ``make_handler(sglang=True)`` (its documented shapes; no SGLang ran here): token-id prompt lists
+  answered by token text, ``/tokenize`` with ``prompt`` or ``messages``, ``/detokenize``,
+  ``continue_final_message``;
+* Ollama's OpenAI-compatible API, ``make_handler(ollama=True)`` (its documented shapes; no Ollama ran here):
+  chat completions continuing a final assistant message, token texts without ids, ``top_logprobs`` at
+  most 20, no ``/tokenize``;
 * a hosted chat API, ``make_handler(fault=hosted(answer))``: no tokenizer, ``answer()`` as every chat
   completion (``completions=True``: with a plain ``/v1/completions`` too);
 * faults: ``fault(request)`` returns a response to send instead (a 500, a timeout raised, ...) or None;

@@ -1,4 +1,4 @@
-"""The fake endpoint's dialects: a request handler that answers as llama.cpp, vLLM or a hosted API would.
+"""The fake endpoint's dialects: a request handler that answers as llama.cpp, vLLM, SGLang or a hosted API would.
 
 :func:`make_handler` returns a function from an HTTP request to a response, for a ``MockTransport`` of
 the installed openai's HTTP library (``httpx2`` for openai 3.x, ``httpx`` for 2.x:
@@ -110,7 +110,8 @@ def vllm_completions(body: dict, max_logprobs: int) -> Any:
 
 
 def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = False, context: int = 4096,
-                 slots: int = 0, calls: list | None = None, vllm: bool = False, max_logprobs: int = 20) -> Handler:
+                 slots: int = 0, calls: list | None = None, vllm: bool = False, max_logprobs: int = 20,
+                 sglang: bool = False, ollama: bool = False) -> Handler:
     """A fake endpoint's request handler. By default it speaks llama.cpp's server: ``/v1/models`` (one
     model, ``fake``, owned by ``llamacpp``), ``/props`` (``context`` tokens, ``slots`` slots),
     ``/tokenize`` (text or a mixed list of text and ids, ``with_pieces``, ``parse_special``),
@@ -119,6 +120,15 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
 
     ``vllm=True`` answers as vLLM does: no ``/apply-template`` or ``/props``, its ``/tokenize`` and
     ``/detokenize`` shapes, token-id prompts, ``logprob_token_ids``, a top-k limit of ``max_logprobs``.
+    ``sglang=True`` answers as SGLang does (its documented shapes, never run here): ``/v1/models`` owned by
+    ``sglang`` with ``max_model_len``, no ``/apply-template`` or ``/props``, ``/tokenize`` with ``prompt`` (a
+    text or texts) or ``messages``, ``/detokenize`` of ids or lists of ids, token-id prompt lists answered
+    with alternatives keyed by token text, chat completions that continue a final assistant message only
+    with ``continue_final_message``. ``ollama=True`` answers as Ollama's OpenAI-compatible API does (its
+    documented shapes, never run here): models ``owned_by: library``, no ``/tokenize``, ``/props`` or
+    ``/apply-template``, chat completions continuing a final assistant message with ``logprobs.content``
+    token texts and no ids (``top_logprobs`` above 20 refused), ``/v1/completions`` on one text prompt only,
+    without log-probabilities.
     ``fault(request)`` may return a response to send instead (a 500, or :func:`hosted`'s answers) or None
     to proceed. ``calls``: every request is appended to it."""
 
@@ -131,8 +141,9 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
                 return forced
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
-        if vllm:
-            forced = _vllm_only(path, body, context, max_logprobs)
+        dialect = _vllm_only if vllm else _sglang_only if sglang else _ollama_only if ollama else None
+        if dialect is not None:
+            forced = dialect(path, body, context, max_logprobs)
             if forced is not None:
                 return forced
         if path == "/v1/models":
@@ -148,8 +159,7 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
             return httpx2.Response(200, json={"tokens": [{"id": t, "piece": piece_of(t) if p is None else p}
                                                          for t, p in pieces]})
         if path == "/apply-template":
-            text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
-            return httpx2.Response(200, json={"prompt": text})
+            return httpx2.Response(200, json={"prompt": _template(body["messages"])})
         if path == "/v1/completions":
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             choices = []
@@ -166,16 +176,20 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
                 choices.append({"index": i, "text": "", "logprobs": lp})
             return httpx2.Response(200, json={"choices": choices, "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
         if path == "/v1/chat/completions":
-            prompt = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"])
-            if body["messages"][-1]["content"].startswith("A B C"):  # the prefill probe: continue the alphabet
-                lp = {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
-                                   "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
-            else:
-                lp = content_logprobs(prompt, body.get("top_logprobs") or 1)
-            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})
+            return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": chat_logprobs(body)}]})
         return httpx2.Response(404, json={"error": "not found"})
 
     return handler
+
+
+def chat_logprobs(body: dict) -> dict:
+    """A chat completion's ``logprobs`` continuing the final message: the prefill probe ("A B C ...") goes on
+    with " Y"."""
+    if body["messages"][-1]["content"].startswith("A B C"):  # the prefill probe: continue the alphabet
+        return {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
+                             "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
+    return content_logprobs("".join(f"<{m['role']}>{m['content']}" for m in body["messages"]),
+                            body.get("top_logprobs") or 1)
 
 
 def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
@@ -184,8 +198,7 @@ def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
     if path in ("/props", "/apply-template"):
         return httpx2.Response(404, json={"detail": "Not Found"})
     if path == "/tokenize" and "messages" in body:
-        text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
-        pieces = tokenize(text)
+        pieces = tokenize(_template(body["messages"]))
         return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
     if path == "/tokenize":
         if "prompt" not in body:  # llama.cpp's shape ({"content": ...}) is a validation error here
@@ -197,6 +210,63 @@ def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
     if path == "/v1/completions" and body["prompt"] and isinstance(body["prompt"][0], list):
         return vllm_completions(body, max_logprobs)
     return None
+
+
+def _sglang_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
+    if path == "/v1/models":
+        return httpx2.Response(200, json={"data": [{"id": "fake", "owned_by": "sglang", "max_model_len": context}]})
+    if path in ("/props", "/apply-template"):
+        return httpx2.Response(404, json={"detail": "Not Found"})
+    if path == "/tokenize":
+        if ("prompt" in body) == ("messages" in body):  # llama.cpp's shape ({"content": ...}) among them
+            return httpx2.Response(400, json={"object": "error", "code": 400, "type": "BadRequestError",
+                                              "message": "Exactly one of 'prompt' or 'messages' must be provided."})
+        texts = _template(body["messages"]) if "messages" in body else body["prompt"]
+        ids = [[t for t, _ in tokenize(x)] for x in ([texts] if isinstance(texts, str) else texts)]
+        found = ids[0] if isinstance(texts, str) else ids
+        return httpx2.Response(200, json={"tokens": found, "count": len(found), "max_model_len": context})
+    if path == "/detokenize":
+        tokens = body["tokens"]
+        nested = bool(tokens) and isinstance(tokens[0], list)
+        return httpx2.Response(200, json={"text": [decode(t) for t in tokens] if nested else decode(tokens)})
+    if path == "/v1/completions" and body["prompt"] and isinstance(body["prompt"][0], list):
+        return vllm_completions({**body, "return_tokens_as_token_ids": False}, 1 << 30)  # keyed by token text
+    last = body.get("messages", [{}])[-1]
+    if path == "/v1/chat/completions" and last.get("role") == "assistant" and not body.get("continue_final_message"):
+        lp = content_logprobs(_template(body["messages"]), body.get("top_logprobs") or 1)
+        return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})  # a new turn: no prefill
+    return None
+
+
+def _ollama_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
+    if path == "/v1/models":
+        return httpx2.Response(200, json={"object": "list", "data": [
+            {"id": "qwen2.5:0.5b", "object": "model", "created": 1700000000, "owned_by": "library"}]})
+    if path in ("/props", "/apply-template", "/tokenize", "/detokenize"):
+        return httpx2.Response(404, text="404 page not found")
+    if path == "/v1/completions":  # one text prompt, templated by the server; no log-probabilities
+        if not isinstance(body.get("prompt"), str):
+            return httpx2.Response(400, json={"error": {"message": "json: cannot unmarshal array into Go struct field "
+                                                        "CompletionRequest.prompt of type string",
+                                                        "type": "invalid_request_error"}})
+        return httpx2.Response(200, json={"object": "text_completion", "choices": [{"index": 0, "text": "x"}]})
+    if path == "/v1/chat/completions":
+        if not 0 <= (body.get("top_logprobs") or 0) <= 20:
+            return httpx2.Response(400, json={"error": {"message": "top_logprobs must be between 0 and 20",
+                                                        "type": "invalid_request_error"}})
+        lp = chat_logprobs(body) if body.get("logprobs") else None
+        content = [{k: v for k, v in e.items() if k != "id"} | {"top_logprobs": [
+            {k: v for k, v in t.items() if k != "id"} for t in e["top_logprobs"]]} for e in (lp or {}).get("content", [])]
+        choice = {"index": 0, "message": {"role": "assistant", "content": content[0]["token"] if content else "x"},
+                  "finish_reason": "length", **({"logprobs": {"content": content}} if lp else {})}
+        return httpx2.Response(200, json={"object": "chat.completion", "system_fingerprint": "fp_ollama",
+                                          "choices": [choice]})
+    return None
+
+
+def _template(messages: list) -> str:
+    """The fake model's chat template, with the generation prompt."""
+    return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
 def hosted(answer: Callable[[], dict], *, completions: bool = False, owner: str = "openai") -> Callable[[Any], Any]:
