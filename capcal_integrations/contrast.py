@@ -58,17 +58,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
 
-from .calibration import calibrated
-from .orders import kendall_tau, order_of_scores
+from .strength import ALPHAS, choose, implied_order
 
 __all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
            "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "reading_orders", "Reading", "estimates", "agreement",
            "alignment", "summary", "Evidence", "implied_order", "choose_alpha"]
 
-#: The strengths tried by ``alpha="auto"``.
-ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
 #: False "reads" (a model without content signal called a reader) at most this, at any number of looks.
@@ -281,50 +277,12 @@ class Evidence:
         return self.verdict
 
 
-def implied_order(real: Sequence[float], empty: Sequence[float] | None, alpha: float, form: str = "additive",
-                  first_only: bool = False) -> list[int]:
-    """The ranking (slots, best first) that calibrated decoding gives when every later step's distributions
-    are the first step's restricted to the labels left (renormalised); ``first_only``: the first step's order.
-
-    >>> import math
-    >>> p, q = [math.log(x) for x in (0.5, 0.3, 0.2)], [math.log(x) for x in (0.6, 0.2, 0.2)]
-    >>> implied_order(p, q, 0.0), implied_order(p, q, 1.0)
-    ([0, 1, 2], [1, 2, 0])
-    """
-    remaining, order = list(range(len(real))), []
-    while len(remaining) > 1:
-        p = _softmax([real[i] for i in remaining])
-        scores = p if empty is None else calibrated(p, _softmax([empty[i] for i in remaining]), alpha, form)
-        ranked = order_of_scores(scores)
-        if first_only:
-            return order + [remaining[j] for j in ranked]
-        order.append(remaining.pop(ranked[0]))
-    return order + remaining
-
-
 def choose_alpha(readings: Sequence[Reading], alphas: Sequence[float] = ALPHAS, form: str = "additive",
                  first_only: bool = False) -> tuple[float, dict[float, float]]:
-    """The strength whose implied rankings of the four readings, passage by passage, agree most (mean Kendall
-    tau over the pairs of readings and the queries), and that agreement per strength; ties go to the one
-    nearest 1."""
+    """The strength whose implied rankings of the four readings, passage by passage, agree most
+    (:func:`.strength.choose`), and that agreement per strength; 1 without an empty prompt's reading."""
     usable = [r for r in readings if r.empty is not None]
     if not usable:
         return 1.0, {}
-    curve = {}
-    for alpha in alphas:
-        taus = []
-        for r in usable:
-            orders = reading_orders(len(r.empty))
-            by_passage = [[perm[j] for j in implied_order(x, r.empty, alpha, form, first_only)]
-                          for perm, x in zip(orders, r.slots)]
-            taus += [kendall_tau(u, v) for u, v in combinations(by_passage, 2)]
-        curve[float(alpha)] = math.fsum(taus) / len(taus)
-    best = max(curve.values())
-    return min((a for a, t in curve.items() if t >= best - 1e-12), key=lambda a: (abs(a - 1.0), a)), curve
-
-
-def _softmax(logits: Sequence[float]) -> list[float]:
-    top = max(logits)
-    weights = [math.exp(x - top) for x in logits]
-    total = math.fsum(weights)
-    return [w / total for w in weights]
+    queries = [list(zip(reading_orders(len(r.empty)), ((x, r.empty) for x in r.slots))) for r in usable]
+    return choose(queries, lambda view, alpha: implied_order(*view, alpha, form, first_only), alphas)

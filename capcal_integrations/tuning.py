@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .calibration import calibrated
 from .errors import InputError
 from .orders import mean_pairwise_tau, order_of_scores
+from .strength import ALPHAS, choose
 from .types import Ranking, Usage
 
 if TYPE_CHECKING:
@@ -31,8 +32,8 @@ __all__ = ["AlphaChoice", "DEFAULT_ALPHAS", "calibrated_order", "consistency",
 
 log = logging.getLogger(__name__)
 
-#: The strengths tried by default (0 = no calibration).
-DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+#: The strengths tried by default (0 = no calibration): the one grid of :mod:`.strength`.
+DEFAULT_ALPHAS = ALPHAS
 
 #: Below this best consistency the choice is noise: the model ranks shuffles of a list almost
 #: independently at every strength (no content signal that calibration could reveal).
@@ -122,17 +123,16 @@ def _jobs(items: Iterable[tuple[str, Sequence[Any]]], shuffles: int, seed: int, 
 
 def _choose(jobs: Sequence[tuple[int, list[int], str, list[Any]]], rankings: Sequence[Ranking],
             alphas: Sequence[float], form: str, shuffles: int) -> AlphaChoice:
-    by_query: dict[int, list[tuple[list[int], tuple[float, ...], tuple[float, ...]]]] = {}
+    by_query: dict[int, list[tuple[list[int], tuple[tuple[float, ...], tuple[float, ...]]]]] = {}
     usage = Usage()
     for (i, perm, _, _), ranking in zip(jobs, rankings, strict=True):
         step = ranking.steps[0]
         if step.q is None or list(step.candidates) != list(range(len(perm))):
             raise InputError("tuning needs the first step over the whole list; use lists no longer than the window")
-        by_query.setdefault(i, []).append((perm, step.p, step.q))
+        by_query.setdefault(i, []).append((perm, (step.p, step.q)))
         usage = usage + ranking.usage
-    curve = {float(a): math.fsum(consistency(s, a, form) for s in by_query.values()) / len(by_query) for a in alphas}
+    alpha, curve = choose(list(by_query.values()), lambda pq, a: calibrated_order(*pq, a, form), alphas)
     best = max(curve.values())
-    alpha = min((a for a, t in curve.items() if t >= best - 1e-12), key=lambda a: (abs(a - 1.0), a))
     choice = AlphaChoice(alpha, form, curve, len(by_query), shuffles, usage)
     if choice.weak:
         log.warning("choose_alpha: the best mean tau between shuffles is %.3f (< %.1f): the model ranks these lists "

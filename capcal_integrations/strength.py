@@ -1,0 +1,81 @@
+"""The calibration strength ``alpha``, chosen label-free: one grid, one agreement curve, one tie-break.
+
+A reranker without position bias ranks a list alike whatever order it is shown in. Both label-free
+choices of ``alpha`` use that: :func:`choose` ranks each query's list as read in several orders (the
+content check's four readings, :mod:`.contrast`; or ``choose_alpha``'s random shuffles, :mod:`.tuning`)
+at every strength of the grid, maps each ranking back to the passages, and keeps the strength whose
+rankings agree most (mean Kendall tau over the pairs of readings, averaged over the queries); among
+equally agreeing strengths the one nearest 1 (:func:`pick`). Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from .calibration import calibrated
+from .orders import mean_pairwise_tau, order_of_scores
+
+__all__ = ["ALPHAS", "pick", "choose", "implied_order"]
+
+#: The strengths tried (0 = no calibration).
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+
+View = TypeVar("View")
+
+
+def pick(curve: dict[float, float]) -> float:
+    """The strength of highest agreement; ties go to the one nearest 1 (then the smaller).
+
+    >>> pick({0.5: 0.8, 1.5: 0.8, 2.0: 0.1})
+    0.5
+    """
+    best = max(curve.values())
+    return min((a for a, t in curve.items() if t >= best - 1e-12), key=lambda a: (abs(a - 1.0), a))
+
+
+def choose(queries: Sequence[Sequence[tuple[Sequence[int], View]]], order_of: Callable[[View, float], list[int]],
+           alphas: Sequence[float] = ALPHAS) -> tuple[float, dict[float, float]]:
+    """``(alpha, curve)``: each query is its readings ``(perm, view)`` (``perm[slot]``: the passage a slot showed);
+    ``order_of(view, alpha)`` ranks one reading's slots at that strength. ``curve[alpha]``: the mean over the
+    queries of the mean Kendall tau between their readings' rankings, passage by passage.
+
+    >>> views = [[([0, 1], (0.6, 0.4)), ([1, 0], (0.3, 0.7))]]  # passage 0 wins in both readings
+    >>> choose(views, lambda p, a: order_of_scores(p), alphas=(0.0, 1.0))
+    (1.0, {0.0: 1.0, 1.0: 1.0})
+    """
+    curve = {}
+    for alpha in alphas:
+        taus = [mean_pairwise_tau([[perm[j] for j in order_of(view, alpha)] for perm, view in readings])
+                for readings in queries]
+        curve[float(alpha)] = math.fsum(taus) / len(taus)
+    return pick(curve), curve
+
+
+def implied_order(real: Sequence[float], empty: Sequence[float] | None, alpha: float, form: str = "additive",
+                  first_only: bool = False) -> list[int]:
+    """The ranking (slots, best first) that calibrated decoding gives when every later step's distributions
+    are the first step's restricted to the labels left (renormalised); ``first_only``: the first step's order.
+    ``real`` and ``empty``: log-probabilities by slot.
+
+    >>> p, q = [math.log(x) for x in (0.5, 0.3, 0.2)], [math.log(x) for x in (0.6, 0.2, 0.2)]
+    >>> implied_order(p, q, 0.0), implied_order(p, q, 1.0)
+    ([0, 1, 2], [1, 2, 0])
+    """
+    remaining, order = list(range(len(real))), []
+    while len(remaining) > 1:
+        p = _softmax([real[i] for i in remaining])
+        scores = p if empty is None else calibrated(p, _softmax([empty[i] for i in remaining]), alpha, form)
+        ranked = order_of_scores(scores)
+        if first_only:
+            return order + [remaining[j] for j in ranked]
+        order.append(remaining.pop(ranked[0]))
+    return order + remaining
+
+
+def _softmax(logits: Sequence[float]) -> list[float]:
+    top = max(logits)
+    weights = [math.exp(x - top) for x in logits]
+    total = math.fsum(weights)
+    return [w / total for w in weights]
