@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from .caches import RankingTemplates, TemplateCache
-from .prompts import Messages, declared_tokens
+from .files import declared_tokens
+from .prompts import Messages
 from .slots import SlotPins
 from .types import Capabilities
 from .untrusted import Prompt

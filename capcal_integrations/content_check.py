@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import pathlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 
 from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Evidence, Reading, choose_alpha, summary
 from .errors import InputError
+from .files import option_text
 
 __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "ContentDecision", "Verdict",
            "ContentCheck", "Pending", "decision_key", "load_decision", "check_for", "check_of", "decision_of"]
@@ -130,13 +130,7 @@ class ContentDecision:
 
 def load_decision(raw: str) -> ContentDecision:
     """A saved decision from its JSON text or from a file holding it (read afresh at every call)."""
-    text = raw
-    if not raw.lstrip().startswith("{"):
-        try:
-            text = pathlib.Path(raw).read_text(encoding="utf-8")
-        except OSError as err:
-            raise InputError(f"cannot read the saved content decision from {raw!r}: {err}") from None
-    return ContentDecision.from_json(text)
+    return ContentDecision.from_json(option_text(raw, "the saved content decision"))
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 from .endpoints import kind_of
 from .errors import InputError
+from .files import declared_tokens
 from .options import Options
-from .prompts import clean_passage, declared_tokens, labels, passage_text, render_prompt
+from .prompts import clean_passage, labels, passage_text, render_prompt
 from .protocol import EndpointState, Flow, text_messages, tokenize
 from .types import Document
 from .untrusted import Prompt, clean_text, neutralise

@@ -18,13 +18,13 @@ from typing import Any
 
 from .calibration import FORMS
 from .errors import InputError
+from .files import check_prompt
 from .prompts import (
     DEFAULT_PLACEHOLDER,
     RANK_ZEPHYR,
     RELEASE_PLACEHOLDER,
     TEMPLATES,
     PromptTemplate,
-    check_prompt,
     labels,
     resolve_template,
 )

@@ -6,23 +6,19 @@ body replaced by a placeholder (same query, same identifiers, same length of lis
 
 from __future__ import annotations
 
-import functools
-import json
-import pathlib
 import re
 import string
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import InputError, MissingExtra
+from .errors import InputError
 from .types import Document
 from .untrusted import Prompt, clean_text, marker
 
 __all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",
            "RELEASE_PLACEHOLDER", "labels", "clean_passage",
-           "defuse_identifiers", "render", "render_prompt", "raw_text", "PROMPT_FORMATS",
-           "prompt_text", "declared_tokens"]
+           "defuse_identifiers", "render", "render_prompt", "raw_text", "PROMPT_FORMATS", "Messages"]
 
 #: The content-free passage of the reference release's configuration (``ExpConfig``).
 DEFAULT_PLACEHOLDER = "This is a placeholder passage for bias testing."
@@ -268,68 +264,3 @@ def _gemma(messages: Messages) -> str:
 #: (``Options.prompt``): the release's plain tags (``raw``), or a model family's chat format. The server
 #: adds the BOS token, as it does for any text prompt.
 PROMPT_FORMATS = {"raw": raw_text, "chatml": _chatml, "llama3": _llama3, "gemma": _gemma}
-
-
-def check_prompt(style: str) -> None:
-    """An :class:`~.errors.InputError` unless ``style`` is ``"chat"``, a :data:`PROMPT_FORMATS` name or
-    the path of a chat template file (a ``tokenizer_config.json`` with ``chat_template``, or a Jinja file)."""
-    if style != "chat" and style not in PROMPT_FORMATS and not pathlib.Path(style).is_file():
-        raise InputError(f"unknown prompt {style!r}; choose chat, {', '.join(PROMPT_FORMATS)}, or the path of the "
-                         "model's tokenizer_config.json (or a .jinja chat template)")
-
-
-def prompt_text(messages: Messages, style: str) -> str:
-    """The messages as one text prompt in ``style``: a :data:`PROMPT_FORMATS` name, or the path of the
-    model's chat template (:func:`jinja_template`).
-
-    >>> prompt_text((("system", "S"), ("user", "U")), "chatml")
-    '<|im_start|>system\\nS<|im_end|>\\n<|im_start|>user\\nU<|im_end|>\\n<|im_start|>assistant\\n'
-    """
-    return (PROMPT_FORMATS.get(style) or jinja_template(style))(messages)
-
-
-@functools.lru_cache(maxsize=16)
-def jinja_template(path: str) -> Callable[[Messages], str]:
-    """The chat template of a ``tokenizer_config.json`` (its ``chat_template``; the ``"default"`` one of
-    a list) or of a Jinja file, rendered as ``transformers`` does, with ``add_generation_prompt`` and
-    an empty ``bos_token`` (the server adds BOS to a text prompt itself). Needs ``jinja2``
-    (the ``templates`` extra)."""
-    try:
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise MissingExtra("jinja2", "templates") from None
-    file = pathlib.Path(path)
-    text = file.read_text(encoding="utf-8")
-    config = json.loads(text) if file.suffix == ".json" else {"chat_template": text}
-    source = config.get("chat_template")
-    if isinstance(source, list):  # named templates: the default one
-        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
-    if not isinstance(source, str):
-        raise InputError(f"{path} has no chat_template")
-
-    def fail(message: str) -> None:
-        raise InputError(f"the chat template of {path} refused the prompt: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.globals["raise_exception"] = fail
-    template = env.from_string(source)
-    tokens = {k: v if isinstance(v, str) else (v or {}).get("content", "") for k, v in config.items()
-              if k.endswith("_token")}
-    return lambda messages: template.render(
-        messages=[{"role": r, "content": c} for r, c in messages], add_generation_prompt=True,
-        **{**tokens, "bos_token": ""})
-
-
-@functools.lru_cache(maxsize=16)
-def declared_tokens(style: str) -> tuple[str, ...]:
-    """The special tokens a ``tokenizer_config.json`` given as ``prompt`` declares (its ``added_tokens_decoder``
-    entries marked special, and its ``*_token`` fields); none for a built-in format."""
-    file = pathlib.Path(style)
-    if style in PROMPT_FORMATS or style == "chat" or file.suffix != ".json" or not file.is_file():
-        return ()
-    config = json.loads(file.read_text(encoding="utf-8"))
-    added = config.get("added_tokens_decoder") or {}
-    found = [t.get("content") for t in added.values() if isinstance(t, dict) and t.get("special")]
-    found += [v if isinstance(v, str) else (v or {}).get("content") for k, v in config.items() if k.endswith("_token")]
-    return tuple(sorted({t for t in found if isinstance(t, str) and len(t) > 1}))

@@ -21,7 +21,8 @@ from capcal_integrations import (
     EndpointUnreachable,
     InputError,
 )
-from capcal_integrations.prompts import CAPCAL, RANK_ZEPHYR, clean_passage, labels, prompt_text, raw_text, render
+from capcal_integrations.files import prompt_text
+from capcal_integrations.prompts import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
 from capcal_integrations.protocol import chat_messages
 from tests._compare import assert_same_order_up_to_ties, assert_same_ranking
 from tests._samples import PASSAGES, QUERY

@@ -172,7 +172,7 @@ def test_a_completions_endpoint_with_or_without_prompt_lists_ranks_the_same(meth
 
 def test_a_models_own_chat_template_is_rendered_here(tmp_path):
     from capcal_integrations import InputError, Options
-    from capcal_integrations.prompts import prompt_text
+    from capcal_integrations.files import prompt_text
 
     config = tmp_path / "tokenizer_config.json"
     config.write_text('{"chat_template": [{"name": "default", "template": "{{ bos_token }}{% for m in messages %}'

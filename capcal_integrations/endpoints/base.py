@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from ..answers import Alternatives, completion_alternatives, excerpt, parse_tokens, top_entries
 from ..calls import Call, EndpointState, Flow, Token, text_messages
 from ..errors import CapabilityError, EndpointError, ResponseError
-from ..prompts import prompt_text
+from ..files import prompt_text
 from ..types import Capabilities
 from ..untrusted import Prompt
 
@@ -45,7 +45,7 @@ class Query:
     messages: Prompt  # the template with its untrusted spans kept apart (untrusted.Prompt)
     prefix: tuple[Token, ...]
     want: tuple[Token, ...]
-    render: str = "chat"  # "chat": the server's chat template; else rendered here (prompts.prompt_text)
+    render: str = "chat"  # "chat": the server's chat template; else rendered here (files.prompt_text)
 
     @property
     def text(self) -> str:

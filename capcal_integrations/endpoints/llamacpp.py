@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 from ..answers import choices_of, malformed, parse_tokens, template_of
 from ..calls import Call, EndpointState, Flow, chat_messages
 from ..errors import EndpointError, ResponseError
-from ..prompts import Messages, declared_tokens, prompt_text
+from ..files import declared_tokens, prompt_text
+from ..prompts import Messages
 from ..types import Capabilities
 from .base import COMPLETIONS, Lists, Tokenizer, optional, register, tokenizer_of, two_choices
 from .lists import Key, PromptLists

@@ -30,7 +30,8 @@ from typing import Any, ClassVar
 
 from ..answers import malformed, template_of
 from ..calls import Call, EndpointState, Flow, Token, chat_messages, text_messages
-from ..prompts import Messages, prompt_text
+from ..files import prompt_text
+from ..prompts import Messages
 from ..types import Capabilities
 from .base import COMPLETIONS, Lists, Tokenizer, optional, register, two_choices
 from .lists import Key, PromptLists, top_limit

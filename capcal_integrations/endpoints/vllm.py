@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 from ..answers import parse_tokens, template_of
 from ..calls import Call, EndpointState, Flow, Token, chat_messages, text_messages
 from ..errors import ResponseError
-from ..prompts import Messages, prompt_text
+from ..files import prompt_text
+from ..prompts import Messages
 from ..types import Capabilities
 from ..untrusted import Prompt
 from .base import COMPLETIONS, Lists, Tokenizer, entries, optional, register, two_choices
