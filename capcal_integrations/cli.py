@@ -24,12 +24,14 @@ from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .calibration import FORMS
 from .errors import CapCalError, InputError, SetupError
 from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
 from .redaction import RedactingFilter, redact
 from .reranker import CapCalReranker
 from .server.command import add_serve_parser, serve_command
+from .server.net import ENGINES
 
 if TYPE_CHECKING:
     from .server import Endpoint
@@ -94,7 +96,7 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
                    help="the model: with --base-url, the name to ask the endpoint for (default: the first it lists); "
                         "without, the embedded model to use (0.5b, the default; 1.5b, smollm2): a running capcal serve "
                         "is reused only if it serves this model (the same meaning as in capcal eval)")
-    p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+    p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                    help="engine of the embedded server started when no endpoint is given (default llamacpp)")
     p.add_argument("--model-name", default=None, help=argparse.SUPPRESS)  # before --model meant both: kept working
     add_option_flags(p)
@@ -340,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_options(p)
     p.add_argument("--shuffles", type=int, default=4, help="random orders per list (default 4)")
     p.add_argument("--alphas", default=None, type=_alphas, help="comma-separated strengths to try (default 0,0.25,...,2)")
-    p.add_argument("--form", default=None, choices=("additive", "log"), help="calibration form (default additive)")
+    p.add_argument("--form", default=None, choices=FORMS, help="calibration form (default additive)")
     _add_method_options(p)
 
     p = sub.add_parser("demo", help="one real query: vanilla vs CapCal, with the empty-prompt prior")

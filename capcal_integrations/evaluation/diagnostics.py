@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ..calibration import FORMS
 from . import analysis as A
 from .data import Dataset
 from .markdown import fmt, table
@@ -74,7 +75,7 @@ def content_section(dataset: Dataset, store: Store, specs: Sequence[MethodSpec],
 def sweep_section(dataset: Dataset, store: Store, out: list[str]) -> None:
     """Offline alpha sweep of first-token-capcal (exact: its ranking is a function of the stored p, q)."""
     rows = []
-    for form in ("additive", "log"):
+    for form in FORMS:
         ranked = A.first_token_sweep(store, "first-token-capcal", ALPHA_GRID, form=form)
         shuffled = A.first_token_sweep(store, "first-token-capcal", ALPHA_GRID, form=form, kind="shuffle")
         if not any(ranked.values()):

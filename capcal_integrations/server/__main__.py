@@ -18,11 +18,12 @@ from ..errors import CapCalError
 from .launcher import vllm_browser_flags
 from .llamacpp import serve
 from .models import MODELS
+from .net import ENGINES
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m capcal_integrations.server", description=__doc__)
-    ap.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+    ap.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                     help="llamacpp (default: the xllamacpp wheel) or vllm (whatever vLLM $CAPCAL_VLLM_PYTHON has)")
     ap.add_argument("--model", choices=list(MODELS), default="0.5b",
                     help="; ".join(f"{k}: {v.description}" for k, v in MODELS.items()))

@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Any
 
+from .net import ENGINES
+
 __all__ = ["add_serve_parser", "serve_command"]
 
 
@@ -26,7 +28,7 @@ def _origin(text: str) -> str:
 def add_serve_parser(sub: Any) -> None:
     """The ``serve`` subcommand's arguments, on ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser("serve", help="serve the embedded model with llama.cpp's (or vLLM's) OpenAI-compatible server")
-    p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+    p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                    help="llamacpp (default; the xllamacpp wheel) or vllm (the installed vLLM, or $CAPCAL_VLLM_PYTHON's; "
                         "the model is converted to Hugging Face format once)")
     p.add_argument("--host", default="127.0.0.1")

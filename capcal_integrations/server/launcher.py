@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from ..errors import InputError, MissingExtra, ServerError
 from .gateway import HostedGateway
 from .models import MODELS, _spec, cache_dir, model_path
-from .net import _get_json, _healthy, _url
+from .net import ENGINES, _get_json, _healthy, _url
 from .ownership import find_own_server, new_key
 
 log = logging.getLogger(__name__)
@@ -222,8 +222,6 @@ def vllm_browser_flags(allow_origin: str | None) -> tuple[str, ...]:
     return ("--allowed-origins", json.dumps([allow_origin] if allow_origin else []))
 
 
-#: The local engines, by the name ``--engine`` takes.
-ENGINES = ("llamacpp", "vllm")
 
 
 class Endpoint(tuple):

@@ -1,4 +1,4 @@
-"""Where a local server is and whether it is up: its URL, a health check, a port bind test.
+"""Where a local server is and whether it is up: its URL, a health check, a port bind test; the engines' names.
 
 The engines (:mod:`.llamacpp`, :mod:`.vllm`) and the launcher (:mod:`.launcher`) all need these; here they
 depend on none of them, so the three import this module and not each other in a circle.
@@ -15,7 +15,10 @@ import urllib.request
 
 from ..errors import ServerError
 
-__all__ = ["check_port"]
+__all__ = ["check_port", "ENGINES"]
+
+#: The local engines, by the name ``--engine`` takes (the first: the default); the one list of their names.
+ENGINES = ("llamacpp", "vllm")
 
 
 def _url(host: str, port: int | None) -> str:
