@@ -10,8 +10,6 @@ string in its metadata. Everything else is derived from it: the keyword argument
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,6 +17,17 @@ from typing import Any
 from .calibration import FORMS
 from .errors import InputError
 from .files import check_prompt
+from .parsers import (
+    is_finite,
+    is_whole,
+    parse_alpha,
+    parse_bool,
+    parse_guard,
+    parse_int,
+    parse_optional_float,
+    parse_optional_int,
+    parse_optional_str,
+)
 from .prompts import (
     DEFAULT_PLACEHOLDER,
     RANK_ZEPHYR,
@@ -37,69 +46,6 @@ __all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS"
 METHODS = ("auto", "capcal", "vanilla", "first-token", "first-token-capcal", "psc")
 #: The methods that run the content-free prompt and calibrate against it.
 CALIBRATED_METHODS = frozenset({"auto", "capcal", "first-token-capcal"})
-
-
-def _alpha(raw: str) -> float | str:
-    if raw in ("adaptive", "auto"):
-        return raw
-    try:
-        return float(raw)
-    except ValueError:
-        raise InputError(f"alpha must be 'adaptive' or a number (or 'auto'), got {raw!r}") from None
-
-
-def _int(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise InputError(f"expected an integer, got {raw!r}") from None
-
-
-def _optional_int(raw: str) -> int | None:
-    return None if raw.lower() in ("", "none") else _int(raw)
-
-
-def _optional_float(raw: str) -> float | None:
-    if raw.lower() in ("", "none", "off"):
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise InputError(f"expected a number or none, got {raw!r}") from None
-
-
-def _guard(raw: str) -> float | str | None:
-    return "content" if raw == "content" else _optional_float(raw)
-
-
-def _bool(raw: str) -> bool:
-    if raw.lower() in ("true", "yes", "1", "on"):
-        return True
-    if raw.lower() in ("false", "no", "0", "off"):
-        return False
-    raise InputError(f"expected true or false, got {raw!r}")
-
-
-def _whole(value: Any) -> bool:
-    """An integer, and not a bool (``True`` is an int in Python, not a window size).
-
-    >>> _whole(3), _whole(True), _whole(3.0)
-    (True, False, False)
-    """
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _finite(value: Any) -> bool:
-    """A finite real number, and not a bool.
-
-    >>> _finite(1.5), _finite(float("inf")), _finite(float("nan")), _finite(False)
-    (True, False, False, False)
-    """
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _optional_str(raw: str) -> str | None:
-    return None if raw.lower() in ("", "none") else raw
 
 
 #: Named bundles of options. ``release`` reproduces the CapCal authors' code (GitHub
@@ -134,35 +80,35 @@ class Options:
     """
 
     preset: str | None = _option(None, "Apply a named bundle of options first ('release': the CapCal authors' code, "
-                                 "quirks included); options given with it win.", _optional_str, tuple(PRESETS))
+                                 "quirks included); options given with it win.", parse_optional_str, tuple(PRESETS))
     method: str = _option("auto", "Ranking method: auto (capcal where the endpoint can continue an assistant prefix, "
                           "else first-token-capcal) | capcal | vanilla | first-token | first-token-capcal | psc.",
                           choices=METHODS)
     alpha: float | str = _option("auto", "'auto' (chosen label-free on the queries that decide the content check: the "
                                  "strength whose calibrated rankings of one list read in four orders agree most; 1 "
                                  "without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
-                                 "calibration strength >= 0.", _alpha)
+                                 "calibration strength >= 0.", parse_alpha)
     guard: float | str | None = _option(
         "content", "Whether the calibrated methods calibrate at all. 'content': decided once per model and reading "
         "options over the queries ranked (each query's top window read at the first step in four orders, off the request "
         "path; a sequential test, blind to slot effects, says 'reads' or 'does not read' as soon as the evidence is strong, "
         "at most check_lists queries); until it decides, and for a model that does not read, every list keeps its given "
         "order. A number: the older per-list check (one more prompt per window; fooled by slot effects). None: always "
-        "calibrate.", _guard)
+        "calibrate.", parse_guard)
     check_lists: int = _option(40, "The most queries the content check reads (guard='content'); a check still undecided "
-                               "then says 'does not read (undecided)'.", _int)
+                               "then says 'does not read (undecided)'.", parse_int)
     check_wait: bool = _option(False, "Take the content check's readings inside the ranking (the list waits for them, "
                                "and is ranked by the decision if it decides) instead of in the background: for batch jobs "
-                               "that want every list ranked by a decision taken in input order.", _bool)
+                               "that want every list ranked by a decision taken in input order.", parse_bool)
     decision: str | None = _option(None, "A saved content-check decision (the JSON of "
                                    "reranker.content_decision().to_json(), or a file holding it), so that a new process "
                                    "ranks without deciding again; used where the model, its weights and the reading "
-                                   "options match (else a warning, and decided afresh).", _optional_str)
+                                   "options match (else a warning, and decided afresh).", parse_optional_str)
     calibration: str = _option("additive", "'additive' (the paper's p - alpha (q - 1/|C|)) or 'log' "
                                "(log p - alpha log q).", choices=FORMS)
     normalise: bool = _option(True, "Renormalise p and q over the identifiers still allowed before calibrating "
                               "(True), or calibrate the raw joint probabilities as the release does (False; "
-                              "needs probability='joint').", _bool)
+                              "needs probability='joint').", parse_bool)
     placeholder: str = _option(DEFAULT_PLACEHOLDER, "Passage body of the content-free prompt ('' allowed).")
     template: PromptTemplate = _option(RANK_ZEPHYR, "Prompt: 'rank_zephyr', 'rank_gpt', 'capcal' (the release's), "
                                        "'no_example' (no example ranking to copy) or a PromptTemplate.",
@@ -178,34 +124,34 @@ class Options:
                           choices=("numeric", "alpha"))
     probability: str = _option("joint", "'joint' (exact joint label probability) or 'trie' (renormalised at "
                                "every branching token; cheaper).", choices=("joint", "trie"))
-    window: int = _option(20, "Sliding-window size for long lists.", _int)
-    stride: int = _option(10, "Sliding-window stride.", _int)
+    window: int = _option(20, "Sliding-window size for long lists.", parse_int)
+    stride: int = _option(10, "Sliding-window stride.", parse_int)
     depth: int | None = _option(None, "Places to decode, best first (None: all). The passages below follow the last "
                                 "decoded step's scores and are marked undecoded (Ranking.decoded, details()); the "
                                 "first places are those of the full decoding. With a sliding window the top window "
                                 "decodes to the depth and lower windows only what they pass up; psc decodes each "
-                                "shuffle to it. The adapters default it to top_n.", _optional_int)
+                                "shuffle to it. The adapters default it to top_n.", parse_optional_int)
     deadline: float | None = _option(None, "Seconds a ranking may take (None: no limit). When it passes, in-flight "
                                      "requests are abandoned (their connections closed: the server stops them) and "
                                      "the places decided so far are returned, the rest in first-stage order "
                                      "(Ranking.partial, a note). The client's retries are off under a deadline.",
-                                     _optional_float)
-    m: int = _option(5, "Shuffles for method='psc'.", _int)
-    seed: int = _option(0, "Shuffle seed for method='psc'.", _int)
+                                     parse_optional_float)
+    m: int = _option(5, "Shuffles for method='psc'.", parse_int)
+    seed: int = _option(0, "Shuffle seed for method='psc'.", parse_int)
     max_passage_words: int | None = _option(300, "Words kept per passage before the token budget applies "
-                                            "(None: no limit).", _optional_int)
+                                            "(None: no limit).", parse_optional_int)
     max_context: int | None = _option(None, "Context size in tokens (default: what the server reports).",
-                                      _optional_int)
+                                      parse_optional_int)
     top_logprobs: int = _option(20, "Top-k log-probabilities asked per request (missing labels are re-asked "
-                                "at the endpoint's maximum).", _int)
-    concurrency: int = _option(8, "Requests in flight at once (async API and *_many).", _int)
+                                "at the endpoint's maximum).", parse_int)
+    concurrency: int = _option(8, "Requests in flight at once (async API and *_many).", parse_int)
     routing_header: str | None = _option("X-Session-ID", "Header that carries a random key per list on every request "
                                          "of the list (probe and /tokenize included), so that a router keeps the list "
                                          "on one server (vllm-router's consistent_hash reads X-Session-ID; LiteLLM "
-                                         "x-litellm-session-id); None sends no key.", _optional_str)
+                                         "x-litellm-session-id); None sends no key.", parse_optional_str)
     routed: bool = _option(False, "True when base_url is a router or load balancer in front of more than one server: "
                            "no llama.cpp slot pins, and llama.cpp prompts as token ids only (routers refuse its "
-                           "mixed text-and-ids prompts).", _bool)
+                           "mixed text-and-ids prompts).", parse_bool)
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -243,28 +189,28 @@ class Options:
             raise InputError(f"routed must be True or False, got {self.routed!r}")
         if self.routing_header is not None and (why := check_header(self.routing_header)):
             raise InputError(why)
-        if not (self.alpha in ("adaptive", "auto") or (_finite(self.alpha) and self.alpha >= 0)):
+        if not (self.alpha in ("adaptive", "auto") or (is_finite(self.alpha) and self.alpha >= 0)):
             raise InputError(f"alpha must be 'auto', 'adaptive' or a finite number >= 0, got {self.alpha!r}")
-        if not (self.guard is None or self.guard == "content" or _finite(self.guard)):
+        if not (self.guard is None or self.guard == "content" or is_finite(self.guard)):
             raise InputError(f"guard must be 'content', a finite number (a z-score) or None to turn it off, "
                              f"got {self.guard!r}")
         if not (self.decision is None or isinstance(self.decision, str)):
             raise InputError(f"decision must be a saved content decision (its JSON or a file), got {self.decision!r}")
         for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):
-            if not _whole(getattr(self, name)):
+            if not is_whole(getattr(self, name)):
                 raise InputError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if not (_whole(self.check_lists) and self.check_lists >= 1):
+        if not (is_whole(self.check_lists) and self.check_lists >= 1):
             raise InputError(f"check_lists must be an integer >= 1 (the most queries the content check reads), got "
                              f"{self.check_lists!r}")
         if not isinstance(self.check_wait, bool):
             raise InputError(f"check_wait must be True or False, got {self.check_wait!r}")
-        if self.depth is not None and not (_whole(self.depth) and self.depth >= 1):
+        if self.depth is not None and not (is_whole(self.depth) and self.depth >= 1):
             raise InputError(f"depth must be an integer >= 1 (places to decode), or None for all, got {self.depth!r}")
-        if self.deadline is not None and not (_finite(self.deadline) and self.deadline > 0):
+        if self.deadline is not None and not (is_finite(self.deadline) and self.deadline > 0):
             raise InputError(f"deadline must be a finite number of seconds > 0, or None for no limit, got {self.deadline!r}")
         for name in ("max_passage_words", "max_context"):
             value = getattr(self, name)
-            if value is not None and not (_whole(value) and value >= 1):
+            if value is not None and not (is_whole(value) and value >= 1):
                 raise InputError(f"{name} must be an integer >= 1, or None for no limit, got {value!r}")
 
     @property

@@ -35,7 +35,8 @@ def test_a_plain_import_loads_the_core_alone():
     assert not [m for m in loaded if m.split(".")[0] in heavy], "a framework or eval dependency was imported"
     # the core, and nothing else: a new core module is added here on purpose (ARCHITECTURE.md draws them)
     core = {"", "answers", "caches", "calibration", "calls", "client", "content_check", "contrast", "deadline",
-            "decoding", "depth", "drivers", "errors", "fitting", "labels", "options", "orders", "probe", "prompts", "protocol",
+            "decoding", "depth", "drivers", "errors", "fitting", "labels", "options", "orders", "parsers", "probe",
+            "prompts", "protocol",
             "files", "redaction", "reranker", "routing", "slots", "strategies", "strength", "textlabels", "transfer",
             "tuning", "types",
             "untrusted"} | {f"endpoints{m}" for m in ("", ".base", ".lists", ".llamacpp", ".vllm", ".sglang", ".ollama", ".chat",
