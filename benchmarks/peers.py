@@ -211,10 +211,11 @@ def capcal(url: str, key: str, meter: Meter, args: argparse.Namespace, **options
         n = len(passages)
         repaired = {"missing": n - len(set(r.order)), "repeated": len(chosen) - len(set(chosen)),
                     "out_of_range": sum(not 0 <= i < n for i in r.order),
-                    "filled_in": 0 if r.decoded is None else n - r.decoded}
+                    "filled_in": 0 if r.decoded is None or r.kept_given_order else n - r.decoded}  # kept: nothing to repair
         return list(r.order), {**repaired, "method_ran": r.method, "library_requests": r.usage.requests,
                                "library_prompt_tokens": r.usage.prompt_tokens, "guarded": list(r.guarded),
-                               "checked": list(r.checked), "steps": len(r.steps), "notes": list(r.notes)}
+                               "checked": list(r.checked), "steps": len(r.steps), "notes": list(r.notes),
+                               "kept_given_order": r.kept_given_order}
 
     return run
 
