@@ -163,17 +163,19 @@ def agreement(reading: Reading) -> float:
     >>> agreement(Reading(((0.0,) * 4,) * 4))
     0.0
     """
-    e1, e2 = estimates(reading)
-    products = [x * y for x, y in zip(e1, e2)]
-    total = math.fsum(abs(p) for p in products)
-    if not total > 0 or not math.isfinite(total):
-        return 0.0
-    return max(-1.0, min(1.0, math.fsum(products) / total))
+    return _share([x * y for x, y in zip(*estimates(reading))])
 
 
 def summary(reading: Reading) -> tuple[float, float, int]:
-    """``(agreement, alignment, pairs)`` of one query, as :meth:`Evidence.add` takes them."""
-    return agreement(reading), alignment(reading), len(reading.slots[0]) // 2
+    """``(agreement, alignment, pairs)`` of one query, as :meth:`Evidence.add` takes them (its estimates computed once)."""
+    e1, e2 = estimates(reading)
+    return _share([x * y for x, y in zip(e1, e2)]), _share([x + y for x, y in zip(e1, e2)]), len(e1)
+
+
+def _share(values: Sequence[float]) -> float:
+    """``sum(values) / sum(|values|)`` in [-1, 1]: the signed share of the values' weight; 0 where there is none."""
+    total = math.fsum(abs(v) for v in values)
+    return max(-1.0, min(1.0, math.fsum(values) / total)) if total > 0 and math.isfinite(total) else 0.0
 
 
 def alignment(reading: Reading) -> float:
@@ -185,10 +187,7 @@ def alignment(reading: Reading) -> float:
     >>> alignment(Reading(tuple(tuple(b[j] + c[o[j]] for j in range(4)) for o in reading_orders(4))))
     1.0
     """
-    e1, e2 = estimates(reading)
-    sums = [x + y for x, y in zip(e1, e2)]
-    total = math.fsum(abs(s) for s in sums)
-    return max(-1.0, min(1.0, math.fsum(sums) / total)) if total > 0 and math.isfinite(total) else 0.0
+    return _share([x + y for x, y in zip(*estimates(reading))])
 
 
 @dataclass
