@@ -17,7 +17,7 @@ from typing import TypeVar
 from .calibration import calibrated
 from .orders import mean_pairwise_tau, order_of_scores
 
-__all__ = ["ALPHAS", "pick", "choose", "implied_order"]
+__all__ = ["ALPHAS", "pick", "choose", "agreement_of", "implied_order"]
 
 #: The strengths tried (0 = no calibration).
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -47,10 +47,15 @@ def choose(queries: Sequence[Sequence[tuple[Sequence[int], View]]], order_of: Ca
     """
     curve = {}
     for alpha in alphas:
-        taus = [mean_pairwise_tau([[perm[j] for j in order_of(view, alpha)] for perm, view in readings])
-                for readings in queries]
+        taus = [agreement_of(readings, order_of, alpha) for readings in queries]
         curve[float(alpha)] = math.fsum(taus) / len(taus)
     return pick(curve), curve
+
+
+def agreement_of(readings: Sequence[tuple[Sequence[int], View]], order_of: Callable[[View, float], list[int]],
+                 alpha: float) -> float:
+    """One query's agreement at ``alpha``: the mean Kendall tau between its readings' rankings, passage by passage."""
+    return mean_pairwise_tau([[perm[j] for j in order_of(view, alpha)] for perm, view in readings])
 
 
 def implied_order(real: Sequence[float], empty: Sequence[float] | None, alpha: float, form: str = "additive",

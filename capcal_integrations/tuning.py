@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from .calibration import calibrated
 from .errors import InputError
-from .orders import mean_pairwise_tau, order_of_scores
-from .strength import ALPHAS, choose
+from .orders import order_of_scores
+from .strength import ALPHAS, agreement_of, choose
 from .types import Ranking, Usage
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def consistency(shuffles: Sequence[tuple[Sequence[int], Sequence[float], Sequenc
     """
     if len(shuffles) < 2:
         raise InputError("consistency needs at least two shuffles")
-    return mean_pairwise_tau([[perm[j] for j in calibrated_order(p, q, alpha, form)] for perm, p, q in shuffles])
+    return agreement_of([(perm, (p, q)) for perm, p, q in shuffles], lambda pq, a: calibrated_order(*pq, a, form), alpha)
 
 
 @dataclass(frozen=True)
