@@ -157,12 +157,10 @@ def complete(args: argparse.Namespace) -> dict:
                      seconds=round(time.perf_counter() - start, 1),
                      options_note=["method=first-token", "guard=None", f"readings A, B from {args.complete}"])
         caps = first.capabilities()
-    if args.start:
-        rows = [*json.loads(_named(pathlib.Path(args.out or HERE / "results" / f"real-decision-{args.model}"),
-                                   ".json").read_text())["rows"][:args.start], *rows]
+    rows = [*getattr(args, "_earlier", []), *rows]  # --start: the earlier run's rows first (_partial read them)
     evidence = Evidence(cap=CAP)
     for r in rows:
-        if evidence.add(*summary(Reading(tuple(tuple(x) for x in r["reading"]["slots"])))) is not None:
+        if evidence.add(*summary(_reading(r))) is not None:
             break
         r["e_after"] = evidence.for_reads
     return {"model": args.model or caps.model, "served": caps.model, "weights": caps.weights,
@@ -198,13 +196,18 @@ def report(result: dict, verdicts: dict, orders: int, command: str) -> str:
           for r in rows), ""])
 
 
+def _reading(row: dict) -> Reading:
+    """A saved row's four readings (and the empty prompt's, where it was read)."""
+    return Reading(tuple(tuple(s) for s in row["reading"]["slots"]), tuple(row["reading"]["empty"]) or None)
+
+
 def fixture(paths: list[str]) -> int:
     """The real models' readings reduced to what the sequential test takes, for tests/test_content_check.py."""
     out = {}
     for path in paths:
         result = json.loads(pathlib.Path(path).read_text())
-        out[result["model"]] = [[round(v, 6) for v in summary(Reading(tuple(tuple(x) for x in r["reading"]["slots"])))[:2]]
-                                + [len(r["reading"]["slots"][0]) // 2] for r in result["rows"]]
+        out[result["model"]] = [[round(score, 6), round(aligned, 6), pairs]
+                                for score, aligned, pairs in (summary(_reading(r)) for r in result["rows"])]
     target = HERE.parent / "tests" / "fixtures" / "real-readings.json"
     target.write_text(json.dumps(out) + "\n")
     print(f"{target}: " + ", ".join(f"{m} {len(q)} queries" for m, q in out.items()))
@@ -231,8 +234,7 @@ def main() -> int:
         return fixture(a.fixture)
     command = "python benchmarks/real_decision.py " + " ".join(sys.argv[1:])
     result = (json.loads(pathlib.Path(a.readings).read_text()) if a.readings else complete(a) if a.complete else run(a))
-    readings = [Reading(tuple(tuple(s) for s in r["reading"]["slots"]), tuple(r["reading"]["empty"]) or None)
-                for r in result["rows"]]
+    readings = [_reading(r) for r in result["rows"]]
     if result.get("partial"):  # a run in parts: the decision in query order over every query read
         evidence = Evidence(cap=CAP)
         for r, row in zip(readings, result["rows"]):
