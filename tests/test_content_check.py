@@ -137,7 +137,7 @@ def test_a_model_with_strong_preferences_of_its_own_is_not_called_a_reader():
     packaged 0.5B and 1.5B read DL19 (issue 22, finding 7: within-list slope .001). Their alignments have mean 0,
     so the alignment e-process that "reads" needs reaches ALIGN_E with probability at most 1 / ALIGN_E
     (Ville's inequality): the rule before it (a mean alignment above 0 when the agreement decides) said
-    "reads" in about half of these runs. The real models' alignments swing between -1 and +1, which
+    "reads" in 79 of these 100 runs. The real models' alignments swing between -1 and +1, which
     makes it rarer still (the next test)."""
     model = SCENARIOS["no-delta"].replace(s=1.0)
     runs = [decide(model, seed, own=True) for seed in range(100)]
@@ -163,11 +163,10 @@ def test_the_packaged_05b_recorded_readings_do_not_decide_reads():
                 break
         return evidence.verdict
 
-    for model, queries in [("0.5b", recorded["0.5b"])]:
-        assert verdict(queries) != "reads", model
-        rng = random.Random(0)
-        reads = sum(verdict(rng.sample(queries, len(queries))) == "reads" for _ in range(500))
-        assert reads <= 10, (model, reads)
+    queries, rng = recorded["0.5b"], random.Random(0)
+    assert verdict(queries) != "reads"
+    reads = sum(verdict(rng.sample(queries, len(queries))) == "reads" for _ in range(500))
+    assert reads <= 10, reads
 
 
 def test_finding_8_list_level_slot_effects_shared_by_the_readings_do_not_hide_a_reader():
