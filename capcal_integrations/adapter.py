@@ -310,4 +310,4 @@ def rerank_summary(ranking: Ranking, model: str | None, seconds: float) -> dict[
             "usage": {"requests": usage.requests, "prompt_tokens": usage.prompt_tokens,
                       "completion_tokens": usage.completion_tokens, "cached_tokens": usage.cached_tokens},
             "seconds": round(seconds, 3), "passages": len(ranking.order), "decoded": ranking.decoded,
-            "kept_given_order": 0 in ranking.guarded, "partial": ranking.partial, "notes": list(ranking.notes)}
+            "kept_given_order": ranking.kept_given_order, "partial": ranking.partial, "notes": list(ranking.notes)}

@@ -10,10 +10,9 @@ import math
 from collections.abc import Sequence
 
 from .errors import InputError
-from .orders import kendall_tau, order_of_scores
 
 __all__ = ["FORMS", "normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log",
-           "calibrated", "shares", "content_agreement"]
+           "calibrated", "shares"]
 
 #: The calibration forms: the paper's additive correction and the log-space (contextual calibration) one.
 FORMS = ("additive", "log")
@@ -118,25 +117,3 @@ def shares(scores: Sequence[float]) -> list[float]:
     clipped = [max(x, 0.0) for x in scores]
     total = math.fsum(clipped)
     return [x / total for x in clipped] if total > 0 else [1.0 / len(scores)] * len(scores)
-
-
-def content_agreement(p: Sequence[float], p_rotated: Sequence[float], q: Sequence[float], shift: int) -> float:
-    """Whether the model reads the passages, from one more first-step distribution: the z-score of
-    Kendall's tau between the passages' calibrated scores ``p - q`` (alpha 1) in the given list and in
-    the same list rotated by ``shift`` slots (slot ``j`` of the rotated list holds passage
-    ``(j + shift) mod n``; the empty prompt's ``q`` is the same for both, its passages being alike).
-
-    A model that ranks by slot gives unrelated orders (z near 0, standard error 1); one that reads
-    the passages gives the same order whatever their slots (tau 1, z about ``3 sqrt(n) / 2``).
-
-    >>> q = [0.4, 0.3, 0.2, 0.1]  # slot bias; passages worth m = [.3, .1, .2, 0] on top of it
-    >>> round(content_agreement([0.7, 0.4, 0.4, 0.1], [0.6, 0.3, 0.5, 0.2], q, 2), 2)  # reads m both times
-    2.04
-    >>> round(content_agreement([0.5, 0.35, 0.1, 0.05], [0.5, 0.35, 0.1, 0.05], q, 2), 2)  # the same slots win
-    -2.04
-    """
-    n = len(p)
-    given = [p[i] - q[i] for i in range(n)]
-    moved = [p_rotated[(i - shift) % n] - q[(i - shift) % n] for i in range(n)]
-    tau = kendall_tau(order_of_scores(given), order_of_scores(moved))
-    return tau / math.sqrt(2 * (2 * n + 5) / (9 * n * (n - 1)))

@@ -6,7 +6,8 @@ first-stage order; on a model that reads, it is better. Which one a model is, is
 model and of how it is read (prompt, identifiers, placeholder, probabilities), not of one list: it is
 decided once, over the queries ranked, and cached on the endpoint state (:func:`decision_key`).
 
-**The statistic and the decision** (:mod:`.contrast`): each query's list (its top window, 4 passages or
+**The rule** is the one ``guard`` names (:mod:`.rules`: where a content rule plugs in); this module keeps its
+state per key. **The default rule's statistic and decision** (:mod:`.contrast`): each query's list (its top window, 4 passages or
 more) is read at the first step in four orders; the agreement of two slot-free estimates of the same
 content differences is the query's score, and a sequential test over the queries says "reads" or
 "does not read" as soon as the evidence is strong either way (false "reads" at most 1 %, at any
@@ -34,9 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Evidence, Reading, choose_alpha, summary
+from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Reading
 from .errors import InputError
 from .files import option_text
+from .rules import RULES, ContentRule
 
 __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "ContentDecision", "Verdict",
            "ContentCheck", "Pending", "decision_key", "load_decision", "check_for", "check_of", "decision_of"]
@@ -147,9 +149,10 @@ class ContentCheck:
     """The check of one key (:func:`decision_key`): the evidence pooled while deciding, then the decision.
     Shared by every ranking on the endpoint state (threads included)."""
 
-    def __init__(self, key: Key, decision: ContentDecision | None = None, cap: int = CAP) -> None:
-        self.key, self.decision, self.cap = key, decision, cap
-        self.evidence = Evidence(cap=cap)
+    def __init__(self, key: Key, decision: ContentDecision | None = None, cap: int = CAP,
+                 rule: ContentRule = RULES["content"]) -> None:
+        self.key, self.decision, self.cap, self.rule = key, decision, cap, rule
+        self.evidence = rule.evidence(cap)
         self.readings: list[Reading] = []
         self._seen: set[str] = set()
         self._busy = 0  # readings in flight
@@ -170,7 +173,7 @@ class ContentCheck:
     def pending_note(self, n: int) -> str:
         """The note of a list ranked while deciding."""
         e = self.evidence
-        why = (f"shorter than {MIN_PASSAGES} passages, not read for it" if n < MIN_PASSAGES else
+        why = (f"shorter than {self.rule.min_passages} passages, not read for it" if n < self.rule.min_passages else
                f"{e.queries} of at most {self.cap} queries read, e = {e.for_reads:.3g}")
         return f"content check deciding ({why}): kept in its given order until it decides"
 
@@ -178,7 +181,7 @@ class ContentCheck:
         """Whether to read this list for the check now: undecided, long enough, a list not read before and
         (``exclusive``: background readings) no other reading in flight; then one more is in flight until
         :meth:`release`."""
-        if len(texts) < MIN_PASSAGES:
+        if len(texts) < self.rule.min_passages:
             return False
         ident = hashlib.sha256(json.dumps([query, *texts]).encode("utf-8", "surrogatepass")).hexdigest()
         with self._lock:
@@ -194,7 +197,7 @@ class ContentCheck:
 
     def add(self, reading: Reading, form: str = "additive") -> ContentDecision | None:
         """Pool one query's readings; the decision once there is one (computed here: call it off an event loop)."""
-        score, aligned, pairs = summary(reading)
+        score, aligned, pairs = self.rule.summary(reading)
         with self._lock:
             if self.decision is not None:
                 return self.decision
@@ -213,8 +216,8 @@ class ContentCheck:
     def _decide(self, verdict: str, readings: list[Reading], form: str) -> ContentDecision:
         e = self.evidence
         reads = verdict == "reads"
-        alpha, curve = choose_alpha(readings, form=form) if reads else (1.0, {})
-        first = choose_alpha(readings, form=form, first_only=True)[0] if reads else 1.0
+        alpha, curve = self.rule.strength(readings, form=form) if reads else (1.0, {})
+        first = self.rule.strength(readings, form=form, first_only=True)[0] if reads else 1.0
         return ContentDecision(reads, verdict, min(1.0, 1.0 / max(e.for_reads, 1e-300)), e.for_reads,
                                sum(e.scores) / max(1, e.queries), e.queries, alpha, first, tuple(curve.items()), self.key,
                                aligned=e.aligned, e_aligned=min(e.for_aligned, 1e300))
@@ -248,9 +251,11 @@ class Pending:
 _CHECKS_LOCK = threading.Lock()
 
 
-def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, cap: int = CAP) -> ContentCheck:
-    """The check for ``key`` in an endpoint state's ``checks``, made on first use; seeded with the ``saved``
-    decision (JSON or a file) when that decision is about the same key (else a warning, and decided afresh)."""
+def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, cap: int = CAP,
+              rule: ContentRule = RULES["content"]) -> ContentCheck:
+    """The check for ``key`` in an endpoint state's ``checks``, made on first use (by ``rule``); seeded with the
+    ``saved`` decision (JSON or a file) when that decision is about the same key (else a warning, and decided
+    afresh)."""
     check = checks.get(key)
     if check is not None:
         return check
@@ -262,7 +267,7 @@ def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = Non
                     "deciding afresh", differ)
         decision = None
     with _CHECKS_LOCK:
-        check = checks.setdefault(key, ContentCheck(key, decision, cap))
+        check = checks.setdefault(key, ContentCheck(key, decision, cap, rule))
     if decision is not None and check.decision is decision:
         announce(decision)
     return check
@@ -274,10 +279,11 @@ def _key(state: Any, opts: Any) -> Key:
 
 def check_of(state: Any, opts: Any) -> ContentCheck | None:
     """The content check an endpoint state keeps for these options (``state.content``), or ``None`` where
-    none runs: methods without the empty prompt, or another ``guard`` than ``"content"``."""
-    if not opts.calibrated or opts.guard != "content":
+    none runs: methods without the empty prompt, or ``guard=None``. ``opts.guard`` names the rule
+    (:data:`~.rules.RULES`)."""
+    if not opts.calibrated or opts.guard is None:
         return None
-    return check_for(state.content, _key(state, opts), opts.decision, opts.check_lists)
+    return check_for(state.content, _key(state, opts), opts.decision, opts.check_lists, RULES[opts.guard])
 
 
 def decision_of(state: Any, opts: Any) -> ContentDecision | None:

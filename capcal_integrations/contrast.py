@@ -47,7 +47,7 @@ One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``
 cannot decide alone. Measured on the testbed (``benchmarks/decisions.py``).
 
 **The calibration strength** (``alpha="auto"``) is chosen on the same readings, label-free
-(:func:`choose_alpha`): the ``alpha`` whose calibrated rankings of the four readings, mapped back to the
+(:func:`alpha_of_readings`): the ``alpha`` whose calibrated rankings of the four readings, mapped back to the
 passages, agree most (mean Kendall tau over the pairs of readings).
 
 Pure functions; no I/O. :mod:`.content_check` decides with them.
@@ -63,7 +63,7 @@ from .strength import ALPHAS, choose, implied_order
 
 __all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
            "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "reading_orders", "Reading", "estimates", "agreement",
-           "alignment", "summary", "Evidence", "implied_order", "choose_alpha"]
+           "alignment", "summary", "Evidence", "implied_order", "alpha_of_readings"]
 
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
@@ -277,7 +277,7 @@ class Evidence:
         return self.verdict
 
 
-def choose_alpha(readings: Sequence[Reading], alphas: Sequence[float] = ALPHAS, form: str = "additive",
+def alpha_of_readings(readings: Sequence[Reading], alphas: Sequence[float] = ALPHAS, form: str = "additive",
                  first_only: bool = False) -> tuple[float, dict[float, float]]:
     """The strength whose implied rankings of the four readings, passage by passage, agree most
     (:func:`.strength.choose`), and that agreement per strength; 1 without an empty prompt's reading."""

@@ -3,9 +3,9 @@
 :func:`rank_window` decodes a window step by step: at each step the allowed identifiers' probabilities
 are read for the real prompt (and, calibrated, for the empty prompt: every passage a placeholder), the
 calibrated scores pick the next place, and the prefix grows by it. The rules it applies each live in
-their own module: the older per-list guard (:func:`~.calibration.content_agreement`; the content check
-itself decides before any window is decoded, on the first-step readings of :func:`check_readings`), how
-deep to decode (:mod:`.depth`) and what a deadline leaves (:mod:`.deadline`). Where the endpoint cannot
+their own module: how deep to decode (:mod:`.depth`) and what a deadline leaves (:mod:`.deadline`); the
+content rule (:mod:`.rules`) decides before any window is decoded, on the first-step readings of
+:func:`check_readings`. Where the endpoint cannot
 continue a prefix, ``vanilla`` is the model's own answer parsed (:func:`generated_window`).
 ``decoding="release"`` builds the prefixes and the identifiers as the CapCal authors' code does
 (:func:`_prefix_spellings`, :func:`_label_spellings`).
@@ -14,11 +14,11 @@ continue a prefix, ``vanilla`` is the model's own answer parsed (:func:`generate
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .calibration import adaptive_alpha, calibrated, content_agreement, entropy, normalise_logprobs, shares
+from .calibration import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
 from .contrast import Reading, reading_orders
 from .deadline import DeadlinePassed
 from .depth import below_depth
@@ -97,8 +97,6 @@ class Window:
     steps: list[Step]
     prior: tuple[float, ...] | None
     upper_bounds: int
-    agreement: float | None = None  # the guard's z-score, when it ran
-    guarded: bool = False  # kept in the given order: no content signal
     notes: tuple[str, ...] = ()
     decoded: int | None = None  # leading places decided (None: all); below: .depth's order, or the deadline's
     partial: bool = False  # the deadline passed: places from `decoded` on are as given
@@ -113,17 +111,19 @@ def _learn_label_tokens(state: EndpointState, opts: Options, way: str, ids: Sequ
             state.label_tokens[spelling] = tuple(tokens)
 
 
-def check_readings(state: EndpointState, opts: Options, query: str, texts: list[str]) -> Flow[Reading]:
-    """The content check's readings of one list (:mod:`.contrast`): the first step's label log-probabilities in
-    the four orders of :func:`~.contrast.reading_orders`, and the empty prompt's, in one round of requests."""
+def check_readings(state: EndpointState, opts: Options, query: str, texts: list[str],
+                   orders: Callable[[int], Sequence[list[int]]] = reading_orders) -> Flow[Reading]:
+    """A content rule's readings of one list (:mod:`.rules`): the first step's label log-probabilities in each
+    of its ``orders`` (the default rule's: the four of :func:`~.contrast.reading_orders`), and the empty
+    prompt's, in one round of requests."""
     n = len(texts)
     ids = labels(n, opts.labels)
     way = route(state.caps, opts.prompt)
     yield from _learn_label_tokens(state, opts, way, ids)
-    streams = [render_prompt(opts.template, query, [texts[i] for i in order], ids) for order in reading_orders(n)]
+    streams = [render_prompt(opts.template, query, [texts[i] for i in order], ids) for order in orders(n)]
     streams.append(render_prompt(opts.template, query, [opts.placeholder] * n, ids))
     scored = yield from _label_scores(state, opts, way, streams, ids, [])
-    return Reading(tuple(tuple(x.logprobs) for x in scored[:4]), tuple(scored[4].logprobs))
+    return Reading(tuple(tuple(x.logprobs) for x in scored[:-1]), tuple(scored[-1].logprobs))
 
 
 def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str], first_only: bool,
@@ -133,22 +133,19 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     ids = labels(n, opts.labels)
     real = render_prompt(opts.template, query, texts, ids)
     empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
-    per_list = bool(empty) and opts.guard not in (None, "content") and n >= 4  # the older per-list guard
-    half = n // 2  # its second reading: the list rotated by half
-    rotated = render_prompt(opts.template, query, texts[half:] + texts[:half], ids) if per_list else None
     way = route(state.caps, opts.prompt)
     if way == "generation" and not first_only:
         return (yield from generated_window(state, real, ids, depth))
     yield from _learn_label_tokens(state, opts, way, ids)
     remaining, chosen_labels = list(range(n)), []
-    order, confidence, steps, prior, bounds, agreement = [], [0.0] * n, [], None, 0, None
+    order, confidence, steps, prior, bounds = [], [0.0] * n, [], None, 0
     while len(remaining) > 1 and (depth is None or len(order) < depth):
-        streams = [real] + ([empty] if empty else []) + ([rotated] if rotated and not steps else [])
+        streams = [real] + ([empty] if empty else [])
         try:
             scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
         except DeadlinePassed:  # what is decided so far (.deadline)
-            return Window(order + remaining, confidence, steps, prior, bounds, agreement, decoded=len(order), partial=True)
-        # renormalised over the labels: entropy, the adaptive rate, the prior and the guard always use these
+            return Window(order + remaining, confidence, steps, prior, bounds, decoded=len(order), partial=True)
+        # renormalised over the labels: entropy, the adaptive rate and the prior always use these
         shares_of = [normalise_logprobs(x.logprobs) for x in scored]
         calibrate_on = shares_of if opts.normalise else [_raw(x.logprobs) for x in scored]
         shares_p, p = shares_of[0], calibrate_on[0]
@@ -164,12 +161,8 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
         best = ranked[0]
         steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
                           upper_bounds=bounds))
-        if per_list and len(steps) == 1:
-            agreement = content_agreement(shares_p, shares_of[2], prior, half)
-            if agreement < opts.guard:
-                return Window(list(range(n)), [0.0] * n, steps, prior, bounds, agreement, guarded=True)
         if first_only:
-            return Window([remaining[j] for j in ranked], share, steps, prior, bounds, agreement)
+            return Window([remaining[j] for j in ranked], share, steps, prior, bounds)
         confidence[remaining[best]] = share[best]
         order.append(remaining[best])
         below = below_depth(remaining, s, remaining[best])  # the order below the depth, if decoding stops here
@@ -177,7 +170,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     if len(remaining) == 1:
         confidence[remaining[0]] = 1.0
     order += below if len(remaining) > 1 else remaining
-    return Window(order, confidence, steps, prior, bounds, agreement)
+    return Window(order, confidence, steps, prior, bounds)
 
 
 def generated_window(state: EndpointState, messages: Any, ids: Sequence[str], depth: int | None = None

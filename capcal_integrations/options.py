@@ -38,6 +38,7 @@ from .prompts import (
     resolve_template,
 )
 from .routing import check_header
+from .rules import guard_value
 
 __all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 
@@ -88,13 +89,13 @@ class Options:
                                  "strength whose calibrated rankings of one list read in four orders agree most; 1 "
                                  "without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
                                  "calibration strength >= 0.", parse_alpha)
-    guard: float | str | None = _option(
-        "content", "Whether the calibrated methods calibrate at all. 'content': decided once per model and reading "
-        "options over the queries ranked (each query's top window read at the first step in four orders, off the request "
-        "path; a sequential test, blind to slot effects, says 'reads' or 'does not read' as soon as the evidence is strong, "
-        "at most check_lists queries); until it decides, and for a model that does not read, every list keeps its given "
-        "order. A number: the older per-list check (one more prompt per window; fooled by slot effects). None: always "
-        "calibrate.", parse_guard)
+    guard: str | None = _option(
+        "content", "Whether the calibrated methods calibrate at all: the content rule that decides it (capcal_integrations."
+        "rules). 'content': decided once per model and reading options over the queries ranked (each query's top window "
+        "read at the first step in four orders, off the request path; a sequential test, blind to slot effects, says "
+        "'reads' or 'does not read' as soon as the evidence is strong, at most check_lists queries); until it decides, "
+        "and for a model that does not read, every list keeps its given order. None: always calibrate. A number (the "
+        "retired per-list guard) is read as 'content', with a FutureWarning.", parse_guard)
     check_lists: int = _option(40, "The most queries the content check reads (guard='content'); a check still undecided "
                                "then says 'does not read (undecided)'.", parse_int)
     check_wait: bool = _option(False, "Take the content check's readings inside the ranking (the list waits for them, "
@@ -191,9 +192,7 @@ class Options:
             raise InputError(why)
         if not (self.alpha in ("adaptive", "auto") or (is_finite(self.alpha) and self.alpha >= 0)):
             raise InputError(f"alpha must be 'auto', 'adaptive' or a finite number >= 0, got {self.alpha!r}")
-        if not (self.guard is None or self.guard == "content" or is_finite(self.guard)):
-            raise InputError(f"guard must be 'content', a finite number (a z-score) or None to turn it off, "
-                             f"got {self.guard!r}")
+        object.__setattr__(self, "guard", guard_value(self.guard))
         if not (self.decision is None or isinstance(self.decision, str)):
             raise InputError(f"decision must be a saved content decision (its JSON or a file), got {self.decision!r}")
         for name in ("window", "stride", "m", "seed", "top_logprobs", "concurrency"):

@@ -43,7 +43,11 @@ def parse_optional_float(raw: str) -> float | None:
 
 
 def parse_guard(raw: str) -> float | str | None:
-    return "content" if raw == "content" else parse_optional_float(raw)
+    """A content rule's name, ``none``, or a number (the retired per-list guard; :func:`~.rules.guard_value`)."""
+    try:
+        return parse_optional_float(raw)
+    except InputError:
+        return raw
 
 
 def parse_bool(raw: str) -> bool:

@@ -16,8 +16,8 @@ the first-token methods read the first identifier of the model's own answer (:mo
 ``vanilla`` is the model's answer parsed (identifiers it left out appended in their given order) and
 ``psc`` aggregates ``m`` such answers; ``capcal`` needs the prefix.
 
-Before a calibrated method decodes anything, the content check (:mod:`.content_check`: does the model
-read? decided once per model and reading options over the queries) says whether to: while it decides,
+Before a calibrated method decodes anything, the content rule (:mod:`.rules`, its state per model and
+reading options in :mod:`.content_check`: does the model read? decided once over the queries) says whether to: while it decides,
 and for a model that does not read, the list keeps its given order (:func:`_checked`). Lists longer than
 ``window`` are ranked by a back-to-front sliding window (:func:`~.orders.windows`); each window is
 decoded by :func:`~.decoding.rank_window`, which applies the rules of their own modules: the depth
@@ -124,7 +124,7 @@ def _checked(state: EndpointState, opts: Options, query: str,
     checked: tuple[int, ...] = ()
     runner = None if opts.check_wait else getattr(state, "background", None)
     if check.verdict() is None and check.want(query, top, exclusive=runner is not None):
-        pending = Pending(check, lambda view: check_readings(view, opts, query, top), opts.calibration)
+        pending = Pending(check, lambda view: check_readings(view, opts, query, top, check.rule.orders), opts.calibration)
         if runner is not None:
             runner(pending)
         else:
@@ -221,21 +221,13 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     first_only = opts.method.startswith("first-token")
     order, confidence = list(range(n)), [0.0] * n
     steps: list[Step] = []
-    prior, bounds, agreement, guarded, notes = None, 0, [], [], []
+    prior, bounds, notes = None, 0, []
     depths = window_depths(n, opts.window, opts.stride, None if first_only else opts.depth)  # see .depth
     decoded, partial = None if first_only else decoded_places(n, opts.depth), False
     for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
         members = order[start:end]
         result = yield from rank_window(state, opts, query, [texts[i] for i in members], first_only, depths[w])
         notes += [f"window {w}: {note}" for note in result.notes]
-        if result.agreement is not None:
-            agreement.append(result.agreement)
-        if result.guarded:
-            guarded.append(w)
-        if result.guarded and result.agreement is not None:  # the per-list guard
-            notes.append(f"window {w} kept in its given order: the calibrated first-step scores of the given and "
-                         f"the rotated list agree at z = {result.agreement:.2f} < guard {opts.guard} (no content signal)")
-            log.info("capcal: %s", notes[-1])
         order[start:end] = [members[j] for j in result.order]
         for j, c in enumerate(result.confidence):
             confidence[members[j]] = c
@@ -249,8 +241,6 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
             break
         if start == 0 and result.decoded is not None:  # a generated answer that left identifiers out
             decoded = min(result.decoded, n if decoded is None else decoded)
-        if start == 0 and result.guarded:  # the top window kept its given order (marked kept_given_order), not cut
-            decoded = None
     for i in order[n if decoded is None else decoded:]:
         confidence[i] = 0.0  # not decided
     if bounds and route(state.caps, opts.prompt) == "generation":
@@ -259,10 +249,10 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
                      "tokenizer that splits numbers into digits shares '1' among [1] and [10]..[19]); window=9 "
                      "reads every identifier exactly on this endpoint")
     scores = rank_scores(order, confidence)
-    if first_only and n <= opts.window and not guarded and not partial:
+    if first_only and n <= opts.window and not partial:
         by_input = [0.0] * n
         for i, v in zip(steps[0].candidates, steps[0].scores):
             by_input[i] = v
         scores = tuple(by_input)
     return Ranking(tuple(order), scores, opts.method, prior, tuple(steps), upper_bounds=bounds, notes=tuple(notes),
-                   agreement=tuple(agreement), guarded=tuple(guarded), decoded=decoded, partial=partial)
+                   decoded=decoded, partial=partial)

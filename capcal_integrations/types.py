@@ -108,10 +108,9 @@ class Ranking:
     ``upper_bounds``: how many label probabilities were upper bounds or estimates because the endpoint's
     top-k did not contain a needed token, or (hosted chat APIs) the model's answer did not pass through a
     token several identifiers share (never silently zero). ``notes``: anything else worth knowing.
-    ``agreement``: per window checked by the no-harm guard (``Options.guard``), the z-score of the
-    agreement between the calibrated first-step scores of the given and the half-rotated list;
-    ``guarded``: the windows kept in their first-stage order because it was below the guard (each
-    also has a note).
+    ``agreement``: always empty; the retired per-list guard (``guard=<z-score>``) filled it, and it is kept so
+    that code reading it does not break. ``guarded``: ``(0,)`` when the list was kept in its given order by the
+    content rule (as ``kept_given_order``), else empty.
     ``decoded``: how many leading places of ``order`` the method decided (``Options.depth``, a deadline,
     or identifiers a generated answer left out); the places after them were *not* decided by the model
     and say so in :meth:`details` and a note. ``None``: every place was decided.
@@ -151,8 +150,8 @@ class Ranking:
         return self.order if k is None else self.order[:k]
 
     def details(self) -> list[dict[str, Any]]:
-        """Per input passage, for tracing: its rank, whether its window was kept in its given order (the
-        guard: ``kept_given_order``, so its place is the first stage's, not the model's), whether its place
+        """Per input passage, for tracing: its rank, whether the list was kept in its given order (the content
+        rule: ``kept_given_order``, so its place is the first stage's, not the model's), whether its place
         was decided (``decoded``: False below the depth or after a deadline) and whether the deadline cut the
         ranking (``partial``), and the numbers
         of the last decoding step it took part in (``p`` real, ``q`` empty prompt, calibrated ``score``,
@@ -164,8 +163,7 @@ class Ranking:
          'decoded': True, 'partial': False, 'p': 0.6, 'q': 0.3, 'score': 0.8, 'alpha': 2.0}
         """
         last = {i: (step, j) for step in self.steps for j, i in enumerate(step.candidates)}
-        kept = set(range(len(self.order))) if self.kept_given_order else {
-            i for step in self.steps if step.window in self.guarded for i in step.candidates}
+        kept = set(range(len(self.order))) if self.kept_given_order else set()
         rank = {i: r for r, i in enumerate(self.order)}
         out = []
         for i in range(len(self.order)):

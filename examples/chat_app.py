@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="answer length (default 64)")
     parser.add_argument("--conversation", action="store_true", help="eight scripted turns (p50/p95 at the end)")
     parser.add_argument("--deadline", type=float, default=None, help="seconds each reranking may take (default: none)")
-    parser.add_argument("--guard", default="content", help="the content check (default), a z-score, or none: calibrate "
+    parser.add_argument("--guard", default="content", help="the content check (default), or none: calibrate "
                         "every turn")
     parser.add_argument("--decision", default=None, help="a saved content-check decision (its JSON file)")
     args = parser.parse_args()

@@ -37,7 +37,7 @@ def test_a_plain_import_loads_the_core_alone():
     core = {"", "answers", "caches", "calibration", "calls", "client", "content_check", "contrast", "deadline",
             "decoding", "depth", "drivers", "errors", "fitting", "labels", "options", "orders", "parsers", "probe",
             "prompts", "protocol",
-            "files", "redaction", "reranker", "routing", "slots", "strategies", "strength", "textlabels", "transfer",
+            "files", "redaction", "reranker", "routing", "rules", "slots", "strategies", "strength", "textlabels", "transfer",
             "tuning", "types",
             "untrusted"} | {f"endpoints{m}" for m in ("", ".base", ".lists", ".llamacpp", ".vllm", ".sglang", ".ollama", ".chat",
                                                           ".hosted_chat", ".hosted_completions")}

@@ -24,7 +24,7 @@ from capcal_integrations.contrast import (
     Evidence,
     Reading,
     agreement,
-    choose_alpha,
+    alpha_of_readings,
     estimates,
     implied_order,
     reading_orders,
@@ -110,9 +110,9 @@ def test_implied_order_is_calibrated_decoding_on_the_first_step():
 
 def test_alpha_is_chosen_from_the_readings_and_ties_go_to_one():
     model = SCENARIOS["delta-0.5b"].replace(s=1.0)
-    alpha, curve = choose_alpha([reading(model.replace(seed=k), GRADES[k], k) for k in range(6)])
+    alpha, curve = alpha_of_readings([reading(model.replace(seed=k), GRADES[k], k) for k in range(6)])
     assert alpha in curve and curve[alpha] == max(curve.values())
-    assert choose_alpha([])[0] == 1.0
+    assert alpha_of_readings([])[0] == 1.0
 
 
 # --------------------------------------------------------------------------- issue 22's findings, on the statistic
@@ -416,14 +416,17 @@ def test_a_saved_decision_for_other_weights_is_not_used(caplog):
     assert any("weights" in r.message for r in caplog.records)
 
 
-def test_alpha_auto_uses_the_chosen_strength_and_the_per_list_guard_remains_an_option():
+def test_alpha_auto_uses_the_chosen_strength_and_a_retired_guard_number_means_the_check():
     data = lists(16)
     rr = simulated_endpoint(data, s=2.0, seed=0).reranker(check_wait=True)
     rank_until_decided(rr, data)
     alpha = rr.content_decision().alpha
     assert {s.alpha for s in rr.rerank(*data[-1][:2]).steps} == {alpha}
-    old = rr.with_options(guard=2.0, alpha="adaptive").rerank(*data[-1][:2])
-    assert len(old.agreement) == 1  # the per-list guard's z-score
+    with pytest.warns(FutureWarning, match="per-list guard was retired"):
+        old = rr.with_options(guard=2.0)
+    assert old.options.guard == "content"
+    ranking = old.rerank(*data[-1][:2])  # the same decision: no rotated prompt, no z-score
+    assert ranking.agreement == () and {s.alpha for s in ranking.steps} == {alpha}
 
 
 def test_the_option_values():

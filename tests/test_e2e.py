@@ -197,15 +197,6 @@ def test_raw_probabilities_on_the_real_server_are_the_renormalised_ones_unscaled
     assert [x / sum(first.p) for x in first.p] == pytest.approx(normalised.steps[0].p, abs=0.02)
 
 
-def test_the_guard_decides_on_the_real_model_and_says_why(rr):
-    ranking = rr.with_options(guard=2.0).rerank(QUERY, PASSAGES)
-    assert len(ranking.agreement) == 1 and math.isfinite(ranking.agreement[0])
-    assert (ranking.guarded == (0,)) == (ranking.agreement[0] < 2.0)
-    forced = rr.with_options(guard=1e9).rerank(QUERY, PASSAGES)
-    assert forced.order == tuple(range(len(PASSAGES))) and forced.guarded == (0,) and "no content signal" in forced.notes[0]
-    assert len(forced.steps) == 1  # it stopped after the first step
-
-
 def test_trie_form_is_cheaper_and_still_a_permutation(rr):
     passages = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:11]  # [10], [11]: the trie branches below "[1"
     exact = rr.with_options(method="first-token").rerank(QUERY, passages)

@@ -5,7 +5,6 @@ against the official code in benchmarks/release_crosscheck.py."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -79,30 +78,24 @@ def test_raw_calibration_is_the_release_formula():
 
 
 @pytest.mark.parametrize("method", ["capcal", "first-token-capcal"])
-def test_the_guard_keeps_the_given_order_below_its_threshold_and_says_so(method):
-    calls = []
-    ranking = reranker(calls, method=method, guard=1e9).rerank("q", PASSAGES)
-    assert ranking.order == tuple(range(12)) and ranking.guarded == (0,) and len(ranking.agreement) == 1
-    assert len(ranking.steps) == 1 and "no content signal" in ranking.notes[0]
-    assert sorted(range(12), key=lambda i: -ranking.scores[i]) == list(ranking.order)
-    assert len({split_prompt(p)[0] for p in completion_prompts(calls)}) == 3  # real, empty, and the rotated real one
+@pytest.mark.parametrize("z", [1e9, -1e9])
+def test_a_number_for_guard_is_read_as_the_content_check_with_a_warning(method, z):
+    # the per-list guard (guard=<z-score>) was retired (issue 25): whatever the number, the ranking is the
+    # content check's, as the default's
+    with pytest.warns(FutureWarning, match="per-list guard was retired"):
+        rr = reranker(method=method, guard=z)
+    assert rr.options.guard == "content"
+    ranking = rr.rerank("q", PASSAGES)
+    assert ranking.kept_given_order and ranking.method == "given-order" and ranking.agreement == ()
+    assert "content check deciding" in ranking.notes[0] and ranking.steps == ()
+    plain = reranker(method=method).rerank("q", PASSAGES)
+    assert (plain.order, plain.notes) == (ranking.order, ranking.notes)
 
 
-@pytest.mark.parametrize("method", ["capcal", "first-token-capcal"])
-def test_above_its_threshold_the_guard_changes_nothing_but_one_prompt(method):
-    calls = []
-    guarded = reranker(calls, method=method, guard=-1e9).rerank("q", PASSAGES)
-    plain = reranker(method=method, guard=None).rerank("q", PASSAGES)
-    assert guarded.order == plain.order and guarded.guarded == () and plain.agreement == ()
-    assert math.isfinite(guarded.agreement[0])
-    prompts = [split_prompt(p) for p in completion_prompts(calls)]
-    rotated = [prefix for text, prefix in prompts if "passage 6" in text.split("passage 0")[0]]
-    assert rotated and not any(" >" in prefix for prefix in rotated)  # asked at the first step only
-
-
-def test_the_guard_leaves_uncalibrated_methods_alone():
-    ranking = reranker(method="vanilla", guard=1e9).rerank("q", PASSAGES)
-    assert ranking.agreement == () and ranking.guarded == ()
+def test_a_number_for_guard_leaves_uncalibrated_methods_alone():
+    with pytest.warns(FutureWarning):
+        ranking = reranker(method="vanilla", guard=1e9).rerank("q", PASSAGES)
+    assert ranking.agreement == () and ranking.guarded == () and not ranking.kept_given_order
 
 
 def test_release_sends_passages_as_the_authors_code_does():

@@ -55,9 +55,8 @@ def test_every_method_ranks_through_vllm(rr, sent, options):
         return
     streams = 2 if "capcal" in options["method"] else 1
     lists = [r for r in sent if r.url.path.endswith("/completions")]
-    # one token-id prompt list per decoding step and stream, and one per list read a second time (the
-    # per-list guard's rotated list, or the content check's swapped halves while it decides)
-    assert len(lists) == streams * len(ranking.steps) + len(ranking.agreement) + len(ranking.checked)
+    # one token-id prompt list per decoding step and stream, and one per list read for the content check
+    assert len(lists) == streams * len(ranking.steps) + len(ranking.checked)
     assert all(all(isinstance(t, int) for p in json.loads(r.content)["prompt"] for t in p) for r in lists)
 
 

@@ -139,8 +139,6 @@ def make_record(job: Job, ranking: Ranking | None, seconds: float, model: str = 
                              "s": _r(first.scores)}
     if ranking.notes:
         rec["notes"] = list(ranking.notes)
-    if ranking.agreement:
-        rec["agreement"] = _r(ranking.agreement, 4)
     rec.update(guarded=list(ranking.guarded), checked=list(ranking.checked), kept_given_order=ranking.kept_given_order,
                ran=ranking.method)
     return rec

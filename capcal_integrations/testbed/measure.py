@@ -48,13 +48,12 @@ class BenchList:
 
 
 #: Methods measured, as ranking options (``None``: the first-stage order). ``default`` is whatever the
-#: default options do; ``guard-2`` the per-list guard at 2 standard errors (the default before issue 17).
+#: default options do (the per-list guard measured here before issue 25 was retired).
 METHODS: dict[str, dict[str, Any] | None] = {
     "bm25": None,
     "vanilla": {"method": "vanilla"},
     "capcal-adaptive": {"method": "capcal", "alpha": "adaptive", "guard": None},
     "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None},
-    "guard-2": {"method": "capcal", "alpha": "adaptive", "guard": 2.0},
     "default": {"check_wait": True},
     "capcal-chosen": {"method": "capcal", "alpha": "chosen", "guard": None},
 }
@@ -134,14 +133,11 @@ def ndcg10(order_grades: Sequence[int], ideal: Sequence[int]) -> float:
     return dcg(order_grades) / best if best > 0 else 0.0
 
 
-def decisions(reranker: Any, rankings: Sequence[Any]) -> tuple[int, int]:
-    """``(reads, decided)``: the content check's decision once the lists are ranked (one per reranker:
-    a fresh one per draw) when there is one, else the per-list guard's (windows checked, those let through)."""
+def decisions(reranker: Any) -> tuple[int, int]:
+    """``(reads, decided)``: the content check's decision once the lists are ranked (one per reranker: a fresh
+    one per draw), ``(0, 0)`` while there is none."""
     decision = _decision(reranker)
-    if decision is not None:
-        return int(decision.reads), 1
-    checked = sum(len(r.agreement) for r in rankings)
-    return checked - sum(len(r.guarded) for r in rankings if r.agreement), checked
+    return (int(decision.reads), 1) if decision is not None else (0, 0)
 
 
 def _decision(reranker: Any) -> Any:
@@ -231,8 +227,8 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                     if decided is not None:
                         picked = decided.alpha
                     if reranker is not None:
-                        r, d = decisions(reranker, rankings) if opts.get("guard", "content") is not None else (0, 0)
-                        windows = sum(max(1, len(x.agreement), _windows(x)) for x in rankings)
+                        r, d = decisions(reranker) if opts.get("guard", "content") is not None else (0, 0)
+                        windows = sum(max(1, _windows(x)) for x in rankings)
                         c = counts[method]
                         c[0], c[1] = c[0] + r, c[1] + d
                         c[2] += windows - sum(len(x.guarded) for x in rankings)

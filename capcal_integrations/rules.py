@@ -1,0 +1,89 @@
+"""Where a content rule plugs in: what decides whether the calibrated methods calibrate a model at all.
+
+CapCal subtracts the empty prompt's slot prior; on a model that does not read the passages that leaves
+noise, and the given order is better. A **content rule** decides, once per model and reading options
+(:func:`~.content_check.decision_key`), whether the model reads. The ``guard`` option names the rule
+(:data:`RULES`); ``None`` runs none (always calibrate).
+
+A rule is four things (:class:`ContentRule`), and the engine asks nothing else of it:
+
+* ``orders(n)``: the orders in which a query's top window of ``n`` passages is read at the first decoding
+  step (:func:`~.decoding.check_readings` reads them, with the empty prompt's, into a
+  :class:`~.contrast.Reading`);
+* ``summary(reading)``: what one query contributes, ``(score, alignment, slot pairs)``;
+* ``evidence(cap)``: a fresh sequential test that pools the queries' summaries into a verdict
+  (``"reads"``, ``"does not read"``, ``"undecided"`` at the cap; :class:`~.contrast.Evidence`);
+* ``strength(readings, form=..., first_only=...)``: the ``alpha`` to calibrate with once it reads (label-free:
+  :mod:`.strength`, the one choice of alpha, which :func:`~.tuning.choose_alpha` uses too).
+
+:class:`~.content_check.ContentCheck` keeps one rule's state per key and
+:func:`~.strategies.rerank_flow` applies its verdict (the given order while it decides and for a model
+that does not read). A new rule is one more entry in :data:`RULES`.
+
+The per-list guard of earlier versions (``guard=<z-score>``: one more prompt per window, fooled by slot
+effects on the testbed) is retired: a number is read as ``"content"``, with a ``FutureWarning``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, reading_orders, summary
+from .errors import InputError
+from .parsers import is_finite
+
+__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "rule_named", "guard_value"]
+
+
+@dataclass(frozen=True)
+class ContentRule:
+    """One content rule (module docstring)."""
+
+    name: str
+    orders: Callable[[int], Sequence[list[int]]]
+    summary: Callable[[Reading], tuple[float, float, int]]
+    evidence: Callable[[int], Evidence]
+    strength: Callable[..., tuple[float, dict[float, float]]]
+    min_passages: int = MIN_PASSAGES
+
+
+#: The content rules ``guard`` can name. ``"content"``: each query's top window read in four orders
+#: (:mod:`.contrast`), a sequential test over queries (false "reads" at most 1 % at any number of looks).
+RULES: dict[str, ContentRule] = {
+    "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
+}
+DEFAULT_RULE = "content"
+
+
+def rule_named(name: str) -> ContentRule:
+    """The rule ``guard`` names.
+
+    >>> rule_named("content").orders(4)[1]
+    [2, 3, 0, 1]
+    """
+    try:
+        return RULES[name]
+    except KeyError:
+        raise InputError(f"unknown content rule {name!r}; choose one of {', '.join(RULES)} or None") from None
+
+
+def guard_value(value: Any) -> str | None:
+    """``guard`` as the engine reads it: a rule's name or ``None``. A number (the retired per-list guard's
+    z-score) is read as the default rule, with a ``FutureWarning``; anything else is an
+    :class:`~.errors.InputError`.
+
+    >>> guard_value(None), guard_value("content")
+    (None, 'content')
+    """
+    if value is None or (isinstance(value, str) and value in RULES):
+        return value
+    if is_finite(value):
+        warnings.warn(f"guard={value!r}: the per-list guard was retired (fooled by slot effects on the testbed: "
+                      f"docs/content-check.md); read as guard={DEFAULT_RULE!r}, the content check. Pass guard="
+                      f"{DEFAULT_RULE!r} (the default) or None (always calibrate).", FutureWarning, stacklevel=5)
+        return DEFAULT_RULE
+    raise InputError(f"guard must be {' or '.join(repr(r) for r in RULES)} (a content rule) or None to calibrate "
+                     f"always, got {value!r}")
