@@ -44,6 +44,13 @@ SHAPES = ("fixed", "mixed", "windows")
 #: Readers of their own: content read consistently that follows neither relevance nor the first stage (what the
 #: packaged 0.5B and 1.5B do on DL19); "reads" is a wrong call for them too.
 OWN = "own-preferences"
+#: A first-stage follower: content read consistently that is a noisy copy of the first stage's order and carries
+#: no relevance information beyond it. The passage at first-stage rank ``i`` of the ``n`` read has the preference
+#: ``-beta * i / n + N(0, sigma)``, read at slope ``s`` (``benchmarks/tradeoff.py`` sets ``beta`` and ``sigma`` so
+#: that at s = .5 its per-query agreement and alignment means match a relevance reader's at s = .5).
+FOLLOWER = "first-stage-follower"
+#: The follower's ``(beta, sigma)`` unless given (what ``benchmarks/tradeoff.py`` calibrated on DL19's top 20).
+FOLLOWER_SHAPE = (0.574, 0.635)
 
 
 def load_grades(data: str) -> list[list[int]]:
@@ -69,17 +76,21 @@ def list_of(shape: str, grades: list[int], rng: random.Random) -> list[int]:
     return grades[:20]
 
 
-def one_decision(args: tuple) -> tuple[str, int]:
-    scenario, s, shape, seed, all_grades = args
+def query_summaries(scenario: str, s: float, shape: str, seed: int, all_grades: list[list[int]],
+                    follower: tuple[float, float] = FOLLOWER_SHAPE):
+    """The ``summary()`` of each query the check reads, in the order a decision draws them (endless)."""
     own = scenario == OWN  # content of the model's own: a random preference per passage, not the grades
-    model = SCENARIOS["no-delta" if own else scenario].replace(s=s, seed=seed)
+    follows = scenario == FOLLOWER  # a noisy copy of the first stage's order (FOLLOWER)
+    model = SCENARIOS["no-delta" if own or follows else scenario].replace(s=s, seed=seed)
     rng = random.Random(seed)
-    evidence = Evidence(cap=CAP)
     k = 0
-    while evidence.verdict is None:
+    while True:
         g = list_of(shape, all_grades[rng.randrange(len(all_grades))], rng)
         if own:
             g = [rng.gauss(1.0, 1.0) for _ in g]
+        elif follows:
+            beta, sigma = follower
+            g = [-beta * i / len(g) + rng.gauss(0.0, sigma) for i in range(len(g))]
         k += 1
         n = len(g)
         if n < MIN_PASSAGES:
@@ -87,8 +98,19 @@ def one_decision(args: tuple) -> tuple[str, int]:
         keys = [f"p{k}-{i}" for i in range(n)]
         slots = tuple(tuple(model.logits([g[i] for i in order], f"q{k} r{r}", [keys[i] for i in order], list_key=f"q{k}"))
                       for r, order in enumerate(reading_orders(n)))
-        reading = Reading(slots)
-        evidence.add(*summary(reading))
+        yield summary(Reading(slots))
+
+
+def one_decision(args: tuple) -> tuple[str, int]:
+    """One decision: ``args`` is ``(scenario, s, shape, seed, all_grades)``, optionally followed by ``align_e`` (the
+    alignment e-value "reads" needs; default :data:`ALIGN_E`) and the follower's ``(beta, sigma)`` (:data:`FOLLOWER`)."""
+    scenario, s, shape, seed, all_grades, *rest = args
+    align_e = rest[0] if len(rest) > 0 and rest[0] is not None else ALIGN_E
+    follower = rest[1] if len(rest) > 1 and rest[1] is not None else FOLLOWER_SHAPE
+    evidence = Evidence(cap=CAP, align_e=align_e)
+    for facts in query_summaries(scenario, s, shape, seed, all_grades, follower):
+        if evidence.add(*facts) is not None:
+            break
     return evidence.verdict, evidence.queries
 
 
