@@ -190,7 +190,7 @@ def _write(out: pathlib.Path, rows: list[Row], meta: dict) -> None:
         f"{meta['lists']} DL19 {'' if traffic else 'top-20 '}lists x {meta['draws']} draws (simulated models) per scenario and s;"
         " nDCG@10",
         "(trec_eval's) averaged over lists and draws, ± its standard error over draws; `reads share`: the share of",
-        "the method's content decisions that said the model reads (per list for the per-list guard).",
+        "the method's content decisions that said the model reads.",
         *(["", "Issue 22's shapes of real traffic (a cell is `scenario / shape` unless the shape is `fixed`): "
            + "; ".join(f"`{k}` = {v}" for k, v in SHAPES.items()) + ". Scenarios: " + "; ".join(
                f"`{n}`" for n in SCENARIOS) + " (capcal_integrations/testbed/model.py). `capcal-best` is reported only"
