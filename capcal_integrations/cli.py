@@ -264,7 +264,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         best = next(r for r, i in enumerate(ranking.order) if passages[i]["grade"] == max(p["grade"] for p in passages))
         _out(f"{method:>18}: most relevant passage at rank {best + 1}; {ranking.usage.requests} requests, "
              f"{seconds:.1f} s")
-        for note in ranking.notes:  # e.g. the no-harm guard kept the BM25 order
+        for note in ranking.notes:  # e.g. the content check kept the BM25 order
             _out(f"{'':>18}  {note}")
     if "guard" not in options_from_args(args):
         _out("\n(Calibrated whatever the model does. By default the reranker first decides, over the queries it ranks, "

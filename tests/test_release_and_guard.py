@@ -1,4 +1,4 @@
-"""The ``release`` preset, raw probabilities and the no-harm guard, on the fake endpoint (the
+"""The ``release`` preset, raw probabilities and the retired per-list guard's alias, on the fake endpoint (the
 requests they send, and what they return). Live checks are in tests/test_e2e.py and the cross-check
 against the official code in benchmarks/release_crosscheck.py."""
 
