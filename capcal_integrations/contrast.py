@@ -63,7 +63,7 @@ from .strength import ALPHAS, choose, implied_order
 
 __all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
            "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "reading_orders", "Reading", "estimates", "agreement",
-           "alignment", "summary", "Evidence", "implied_order", "alpha_of_readings"]
+           "alignment", "summary", "share", "Evidence", "implied_order", "alpha_of_readings"]
 
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
@@ -129,8 +129,9 @@ class Reading:
 
     def __post_init__(self) -> None:
         n = len(self.slots[0]) if self.slots else 0
-        if len(self.slots) != 4 or n < MIN_PASSAGES or any(len(s) != n for s in self.slots):
-            raise ValueError(f"a reading is four vectors of one length >= {MIN_PASSAGES}, got {[len(s) for s in self.slots]}")
+        if len(self.slots) not in (4, 8) or n < MIN_PASSAGES or any(len(s) != n for s in self.slots):
+            raise ValueError(f"a reading is four vectors (eight for the query-free contrast, .query_contrast) of one "
+                             f"length >= {MIN_PASSAGES}, got {[len(s) for s in self.slots]}")
 
 
 def estimates(reading: Reading) -> tuple[list[float], list[float]]:
@@ -143,7 +144,7 @@ def estimates(reading: Reading) -> tuple[list[float], list[float]]:
     >>> estimates(Reading(slots))  # pair 0: 2 * (2 - 0); pair 1: 2 * (0 - 1)
     ([4.0, -2.0], [4.0, -2.0])
     """
-    a, b, c, d = reading.slots
+    a, b, c, d = reading.slots[:4]  # the query-free contrast's eight: the four with the query come first
     h = len(a) // 2
     e1 = [(a[m] - a[m + h]) - (b[m] - b[m + h]) for m in range(h)]
     e2 = []
@@ -163,16 +164,16 @@ def agreement(reading: Reading) -> float:
     >>> agreement(Reading(((0.0,) * 4,) * 4))
     0.0
     """
-    return _share([x * y for x, y in zip(*estimates(reading))])
+    return share([x * y for x, y in zip(*estimates(reading))])
 
 
 def summary(reading: Reading) -> tuple[float, float, int]:
     """``(agreement, alignment, pairs)`` of one query, as :meth:`Evidence.add` takes them (its estimates computed once)."""
     e1, e2 = estimates(reading)
-    return _share([x * y for x, y in zip(e1, e2)]), _share([x + y for x, y in zip(e1, e2)]), len(e1)
+    return share([x * y for x, y in zip(e1, e2)]), share([x + y for x, y in zip(e1, e2)]), len(e1)
 
 
-def _share(values: Sequence[float]) -> float:
+def share(values: Sequence[float]) -> float:
     """``sum(values) / sum(|values|)`` in [-1, 1]: the signed share of the values' weight; 0 where there is none."""
     total = math.fsum(abs(v) for v in values)
     return max(-1.0, min(1.0, math.fsum(values) / total)) if total > 0 and math.isfinite(total) else 0.0
@@ -187,7 +188,7 @@ def alignment(reading: Reading) -> float:
     >>> alignment(Reading(tuple(tuple(b[j] + c[o[j]] for j in range(4)) for o in reading_orders(4))))
     1.0
     """
-    return _share([x + y for x, y in zip(*estimates(reading))])
+    return share([x + y for x, y in zip(*estimates(reading))])
 
 
 @dataclass

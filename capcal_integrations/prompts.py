@@ -17,13 +17,15 @@ from .types import Document
 from .untrusted import Prompt, clean_text, marker
 
 __all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",
-           "RELEASE_PLACEHOLDER", "labels", "clean_passage",
+           "RELEASE_PLACEHOLDER", "QUERY_PLACEHOLDER", "labels", "clean_passage",
            "defuse_identifiers", "render", "render_prompt", "raw_text", "PROMPT_FORMATS", "Messages"]
 
 #: The content-free passage of the reference release's configuration (``ExpConfig``).
 DEFAULT_PLACEHOLDER = "This is a placeholder passage for bias testing."
 #: The same, as the release's command line passes it (no final period): the ``release`` preset's.
 RELEASE_PLACEHOLDER = "This is a placeholder passage for bias testing"
+#: The query of a query-free reading (:mod:`.query_contrast`): the passage placeholder's counterpart.
+QUERY_PLACEHOLDER = "This is a placeholder query for bias testing."
 
 Messages = tuple[tuple[str, str], ...]  # (role, content) pairs; hashable so they can key caches
 

@@ -9,7 +9,8 @@ A rule is four things (:class:`ContentRule`), and the engine asks nothing else o
 
 * ``orders(n)``: the orders in which a query's top window of ``n`` passages is read at the first decoding
   step (:func:`~.decoding.check_readings` reads them, with the empty prompt's, into a
-  :class:`~.contrast.Reading`);
+  :class:`~.contrast.Reading`); with ``query_free``, each order is read a second time with the query
+  replaced by :data:`~.prompts.QUERY_PLACEHOLDER`;
 * ``summary(reading)``: what one query contributes, ``(score, alignment, slot pairs)``;
 * ``evidence(cap)``: a fresh sequential test that pools the queries' summaries into a verdict
   (``"reads"``, ``"does not read"``, ``"undecided"`` at the cap; :class:`~.contrast.Evidence`);
@@ -31,11 +32,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import query_contrast
 from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, reading_orders, summary
 from .errors import InputError
 from .parsers import is_finite
 
-__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "rule_named", "guard_value"]
+__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "rule_named", "guard_value"]
+
+#: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.contrast.ALIGN_E`).
+QUERY_ALIGN_E = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,17 @@ class ContentRule:
     evidence: Callable[[int], Evidence]
     strength: Callable[..., tuple[float, dict[float, float]]]
     min_passages: int = MIN_PASSAGES
+    query_free: bool = False  # each order read again without the query (.query_contrast)
 
 
 #: The content rules ``guard`` can name. ``"content"``: each query's top window read in four orders
 #: (:mod:`.contrast`), a sequential test over queries (false "reads" at most 1 % at any number of looks).
+#: ``"query"`` (experimental): the same orders read with and without the query, and the same test on what the
+#: query adds (:mod:`.query_contrast`): a model's preferences of its own, the same whatever the query, cancel.
 RULES: dict[str, ContentRule] = {
     "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
+    "query": ContentRule("query", reading_orders, query_contrast.summary,
+                         lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E), alpha_of_readings, query_free=True),
 }
 DEFAULT_RULE = "content"
 

@@ -39,6 +39,7 @@ from typing import Any
 import httpx2
 
 from ..errors import InputError
+from ..prompts import QUERY_PLACEHOLDER
 from .model import SlotModel
 from .reading import (
     _KEY,
@@ -209,11 +210,12 @@ class SimulatedServer:
         if empty:
             logits = self.model.logits(None, head, texts, list_key=key)
         else:
+            free = QUERY_PLACEHOLDER in head  # a query-free reading: no query to be relevant to (its own taste stays)
             for j, t in enumerate(texts):
                 g = self.index.grade(t, head)
                 if g is None:
                     raise InputError(f"passage {ids[j]} of the prompt is not in the testbed's data: {t[:80]!r}")
-                grades.append(g)
+                grades.append(0 if free else g)
             logits = self.model.logits(grades, head, [normalised(t)[:_KEY] for t in texts], list_key=key)
         got = Prompt(tuple(ids), tuple(logits), None if empty else tuple(grades))
         with self._lock:

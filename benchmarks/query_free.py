@@ -1,0 +1,153 @@
+"""Do a real model's passage preferences depend on the query? The saved readings against query-free ones.
+
+The content check (``capcal_integrations/contrast.py``) finds that both packaged models have consistent passage
+preferences on DL19 that do not follow relevance (``benchmarks/results/real-decision-*.md``). This probe asks
+whether those preferences need the query at all: each saved query's top-20 list is read again in the same four
+orders with the query replaced by a placeholder (``QUERY_FREE``), the same way the saved readings were taken
+(the 0.5B: the check's own readings, ``probability=trie``; the 1.5B: ``first-token`` first steps). Per query:
+
+* ``agree_q`` / ``agree_free``: the check's score (:func:`~capcal_integrations.contrast.agreement`) with and
+  without the query;
+* ``corr``: the correlation over slot pairs of the two content estimates (``e1 + e2``) with and without the
+  query (near 1: the preferences are the same whatever the query);
+* ``agree_d`` / ``align_d``: the score and the alignment of what the query adds (``e - e_free``);
+* ``grades_q`` / ``grades_d``: among the slot pairs whose relevance grades differ, the share whose content
+  estimate (with the query; what the query adds) prefers the better-graded passage (labels used here only to
+  describe, never by the library).
+
+    python benchmarks/query_free.py --model 0.5b --queries 12
+    python benchmarks/query_free.py --model 1.5b --queries 8
+
+Writes ``benchmarks/results/query-free-<model>.md`` and ``.json`` (every query-free reading saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from capcal_integrations import CapCalReranker  # noqa: E402
+from capcal_integrations.contrast import Reading, agreement, estimates, reading_orders  # noqa: E402
+from capcal_integrations.options import Options  # noqa: E402
+
+#: What stands in for the query (the passages' placeholder's counterpart).
+QUERY_FREE = "This is a placeholder query for bias testing."
+
+
+def share(values: list[float]) -> float:
+    total = math.fsum(abs(v) for v in values)
+    return math.fsum(values) / total if total else 0.0
+
+
+def pearson(x: list[float], y: list[float]) -> float:
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = math.fsum((a - mx) ** 2 for a in x), math.fsum((b - my) ** 2 for b in y)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
+def follows(content: list[float], g: list[int]) -> tuple[int, int]:
+    """``(pairs preferring the better-graded passage, pairs whose grades differ)`` over slot pairs (m, m + h)."""
+    h = len(g) // 2
+    pairs = [(c, g[m] - g[m + h]) for m, c in enumerate(content[:h]) if g[m] != g[m + h]]
+    return sum((c > 0) == (dg > 0) for c, dg in pairs if c != 0), len(pairs)
+
+
+def facts(with_query: Reading, free: Reading, g: list[int]) -> dict:
+    q1, q2 = estimates(with_query)
+    f1, f2 = estimates(free)
+    d1, d2 = [a - b for a, b in zip(q1, f1)], [a - b for a, b in zip(q2, f2)]
+    cq, cf, cd = [a + b for a, b in zip(q1, q2)], [a + b for a, b in zip(f1, f2)], [a + b for a, b in zip(d1, d2)]
+    gq, gd = follows(cq, g), follows(cd, g)
+    return {"agree_q": agreement(with_query), "agree_free": agreement(free), "corr": pearson(cq, cf),
+            "agree_d": share([a * b for a, b in zip(d1, d2)]), "align_d": share(cd), "align_q": share(cq),
+            "grades_q": gq, "grades_d": gd}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="0.5b", help="0.5b or 1.5b (its saved readings: results/real-decision-<model>.json)")
+    ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "trec-dl19-passage"))
+    ap.add_argument("--queries", type=int, default=12)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.drivers import run_sync
+    from capcal_integrations.server.launcher import endpoint
+    from capcal_integrations.testbed.measure import bench_lists
+
+    saved = json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())
+    note = saved.get("options_note") or saved.get("options") or []
+    first_token = "method=first-token" in note
+    options = {} if first_token else {k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in saved["options"])}
+    lists = {b.query: b for b in bench_lists(args.data)}
+    out = pathlib.Path(args.out or HERE / "results" / f"query-free-{args.model}")
+    rows, start = [], time.perf_counter()
+    with endpoint(None, args.model) as ep:
+        rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, timeout=900, guard=None,
+                            **({"method": "first-token"} if first_token else options))
+
+        def read(query: str, texts: list[str]) -> Reading:
+            if first_token:  # as benchmarks/real_decision.py --complete read the 1.5B's
+                return Reading(tuple(tuple(math.log(max(x, 1e-300)) for x in rr.rerank(query, [texts[i] for i in o]).steps[0].p)
+                                     for o in reading_orders(len(texts))))
+            reading, _ = run_sync(check_readings(rr._state.for_ranking(), rr.options.replace(alpha=1.0), query, texts),
+                                  rr.client)
+            return reading
+
+        rr.capabilities()
+        for k, row in enumerate(saved["rows"][:args.queries]):
+            b = lists[row["query"]]
+            texts = list(b.passages)
+            with_query = Reading(tuple(tuple(s) for s in row["reading"]["slots"]))
+            if k == 0:  # the saved reading is what this script reads
+                again = read(row["query"], texts)
+                drift = max(abs((x - again.slots[0][0]) - (y - with_query.slots[0][0]))
+                            for x, y in zip(again.slots[0], with_query.slots[0]))
+                print(f"the first saved reading read again: largest difference {drift:.2e}", file=sys.stderr, flush=True)
+            free = read(QUERY_FREE, texts)
+            rows.append({"qid": row["qid"], "query": row["query"], **facts(with_query, free, list(b.grades)),
+                         "free": [list(s) for s in free.slots]})
+            r = rows[-1]
+            print(f"{k + 1}/{args.queries} agree q {r['agree_q']:.2f} free {r['agree_free']:.2f} corr {r['corr']:.2f} "
+                  f"d {r['agree_d']:.2f} align_d {r['align_d']:+.2f}", file=sys.stderr, flush=True)
+            _write(out, args, rows, drift, time.perf_counter() - start)
+    return 0
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict], drift: float, seconds: float) -> None:
+    out.with_suffix(".json").write_text(json.dumps({"model": args.model, "query_free": QUERY_FREE, "drift": drift,
+                                                    "seconds": round(seconds, 1), "rows": rows}) + "\n")
+    gq = [sum(r["grades_q"][i] for r in rows) for i in (0, 1)]
+    gd = [sum(r["grades_d"][i] for r in rows) for i in (0, 1)]
+    lines = [f"# Does the {args.model} model's passage preference depend on the query?", "",
+             f"`python benchmarks/query_free.py --model {args.model} --queries {args.queries}` ({len(rows)} DL19 queries "
+             f"read, {seconds:.0f} s; the saved reading of the first query read again differs by at most {drift:.1e}). "
+             f"Query-free: the query replaced by {QUERY_FREE!r}. Columns: the module docstring.", "",
+             "| qid | agree_q | agree_free | corr | agree_d | align_q | align_d | grades_q | grades_d |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['qid']} | {r['agree_q']:.2f} | {r['agree_free']:.2f} | {r['corr']:.2f} | {r['agree_d']:.2f} | "
+                     f"{r['align_q']:+.2f} | {r['align_d']:+.2f} | {r['grades_q'][0]}/{r['grades_q'][1]} | "
+                     f"{r['grades_d'][0]}/{r['grades_d'][1]} |")
+    lines += ["", f"**Means:** agree_q {_mean([r['agree_q'] for r in rows]):.2f}, agree_free "
+              f"{_mean([r['agree_free'] for r in rows]):.2f}, corr {_mean([r['corr'] for r in rows]):.2f}, agree_d "
+              f"{_mean([r['agree_d'] for r in rows]):.2f}, align_q {_mean([r['align_q'] for r in rows]):+.2f}, align_d "
+              f"{_mean([r['align_d'] for r in rows]):+.2f}; the better-graded passage preferred in {gq[0]} of {gq[1]} "
+              f"pairs with the query, {gd[0]} of {gd[1]} by what the query adds."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
