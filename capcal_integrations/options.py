@@ -94,7 +94,9 @@ class Options:
         "rules). 'content': decided once per model and reading options over the queries ranked (each query's top window "
         "read at the first step in four orders, off the request path; a sequential test, blind to slot effects, says "
         "'reads' or 'does not read' as soon as the evidence is strong, at most check_lists queries); until it decides, "
-        "and for a model that does not read, every list keeps its given order. None: always calibrate. A number (the "
+        "and for a model that does not read, every list keeps its given order. 'query' (experimental): the same, each "
+        "order read again without the query and the test run on what the query adds (a model's preferences of its own "
+        "cancel; docs/content-check.md). None: always calibrate. A number (the "
         "retired per-list guard) is read as 'content', with a FutureWarning.", parse_guard)
     check_lists: int = _option(40, "The most queries the content check reads (guard='content'); a check still undecided "
                                "then says 'does not read (undecided)'.", parse_int)

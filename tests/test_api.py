@@ -36,7 +36,7 @@ def test_a_plain_import_loads_the_core_alone():
     # the core, and nothing else: a new core module is added here on purpose (ARCHITECTURE.md draws them)
     core = {"", "answers", "caches", "calibration", "calls", "client", "content_check", "contrast", "deadline",
             "decoding", "depth", "drivers", "errors", "fitting", "labels", "options", "orders", "parsers", "probe",
-            "prompts", "protocol",
+            "prompts", "protocol", "query_contrast",
             "files", "redaction", "reranker", "routing", "rules", "slots", "strategies", "strength", "textlabels", "transfer",
             "tuning", "types",
             "untrusted"} | {f"endpoints{m}" for m in ("", ".base", ".lists", ".llamacpp", ".vllm", ".sglang", ".ollama", ".chat",

@@ -1,0 +1,90 @@
+"""The experimental content rule ``guard="query"`` (query_contrast.py): each order of a query's list read again
+without the query, the test run on what the query adds. On the testbed's model (seeded, fast) and through the
+library on the fake and simulated endpoints."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from capcal_integrations.content_check import decision_key
+from capcal_integrations.contrast import Evidence, Reading, agreement, reading_orders
+from capcal_integrations.options import Options
+from capcal_integrations.prompts import QUERY_PLACEHOLDER
+from capcal_integrations.query_contrast import split, summary
+from capcal_integrations.rules import RULES
+from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
+from tests.fake_endpoint import split_prompt
+from tests.test_content_check import GRADES, lists, rank_until_decided
+from tests.test_release_and_guard import completion_prompts, reranker
+
+
+def eight(model, grades, own, k):
+    """One query's eight readings: the four orders with the query (content ``grades`` plus the model's own taste
+    ``own``) and the four without it (its own taste only: no query to be relevant to)."""
+    n = len(grades)
+    keys = [f"p{k}-{i}" for i in range(n)]
+
+    def read(content, tag):
+        return [tuple(model.logits([content[i] for i in o], f"q{k} {tag} {r}", [keys[i] for i in o]))
+                for r, o in enumerate(reading_orders(n))]
+
+    return Reading((*read([g + t for g, t in zip(grades, own)], "with"), *read(own, "free")))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_taste_of_the_models_own_cancels_and_relevance_remains(seed):
+    model = SCENARIOS["no-delta"].replace(s=1.0, seed=seed)
+    rng = random.Random(seed)
+    own = [[rng.gauss(0.0, 2.0) for _ in g] for g in GRADES]
+    tasteful = [eight(model, [0] * len(g), t, k) for k, (g, t) in enumerate(zip(GRADES, own))]
+    reader = [eight(model, g, t, k) for k, (g, t) in enumerate(zip(GRADES, own))]
+    # the default rule's statistic calls a strong taste consistent content; what the query adds is noise (the
+    # mean of 60 scores of sd about .5: within 3.5 standard errors of 0)
+    assert sum(agreement(r) for r in tasteful) / 60 > 0.8
+    assert abs(sum(summary(r)[0] for r in tasteful) / 60) < 0.25
+    assert sum(summary(r)[0] for r in reader) / 60 > 0.5 and sum(summary(r)[1] for r in reader) / 60 > 0.1
+    for verdict, readings in (("reads", reader), (None, tasteful)):
+        evidence = Evidence(align_e=0.0)
+        for r in readings:
+            if evidence.add(*summary(r)) is not None:
+                break
+        assert (evidence.verdict == "reads") == (verdict == "reads"), (evidence.verdict, evidence.queries)
+
+
+def test_a_reading_of_the_rule_is_eight_vectors():
+    four = Reading(((0.0, 1.0, 2.0, 3.0),) * 4)
+    with pytest.raises(ValueError, match="eight readings"):
+        split(four)
+    with pytest.raises(ValueError, match="four vectors"):
+        Reading(((0.0,) * 4,) * 6)
+    with_query, free = split(Reading((*four.slots, *((1.0, 1.0, 1.0, 1.0),) * 4)))
+    assert with_query.slots == four.slots and free.slots == ((1.0,) * 4,) * 4
+
+
+def test_the_query_free_readings_show_no_query_text():
+    calls = []
+    rr = reranker(calls, guard="query", check_wait=True)
+    ranking = rr.rerank("a secret query about fleas", [f"passage {i}" for i in range(6)])
+    assert ranking.checked == (0,)
+    heads = {split_prompt(p)[0] for p in completion_prompts(calls)}  # each prompt once (asked with several prefixes)
+    free = [h for h in heads if QUERY_PLACEHOLDER in h]
+    # the four orders with the query and the four without it (the empty prompt keeps the query)
+    assert len(free) == 4 and not any("secret query" in h for h in free)
+    assert len([h for h in heads if "secret query" in h and "passage 0" in h]) == 4
+    assert RULES["query"].query_free and not RULES["content"].query_free
+
+
+def test_the_rule_decides_through_the_library_and_has_its_own_key():
+    data = lists(30)
+    reads = simulated_endpoint(data, s=2.0, seed=0).reranker(check_wait=True, guard="query")
+    rank_until_decided(reads, data)
+    decision = reads.content_decision()
+    assert decision is not None and decision.reads and ("rule", "query") in decision.key
+    assert all(len(r.slots) == 8 for r in next(iter(reads._state.content.values())).readings)
+    taste = simulated_endpoint(data, s=0.0, preference=2.0, seed=0).reranker(check_wait=True, guard="query")
+    rank_until_decided(taste, data)
+    assert taste.content_decision() is None or not taste.content_decision().reads
+    default = dict(decision_key("m", "w", Options()))
+    assert "rule" not in default  # the default rule's keys (and saved decisions) stay as they were
