@@ -42,8 +42,8 @@ def summary(reading: Reading) -> tuple[float, float, int]:
     >>> from capcal_integrations.contrast import reading_orders
     >>> b, own, rel = [1.0, 0.0, 0.5, -1.0], [0.3, -0.2, 0.1, 0.4], [2.0, 0.0, 0.0, 1.0]
     >>> read = lambda c: [tuple(b[j] + c[o[j]] for j in range(4)) for o in reading_orders(4)]
-    >>> summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))
-    (1.0, 0.3333333333333333, 2)
+    >>> [round(x, 3) for x in summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))]
+    [1.0, 0.333, 2]
     >>> summary(Reading((*read(own), *read(own))))
     (0.0, 0.0, 2)
     """
