@@ -36,6 +36,7 @@ The real packaged models' readings are analysed by ``benchmarks/testbed.py --rea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -48,7 +49,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import rules  # noqa: E402
-from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading, reading_orders  # noqa: E402
+from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Reading, reading_orders  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 NULL_SCENARIOS = ("no-delta", "ties", "heavy-tails", "noise-scale-0.5", "noise-scale-1", "scale-1.5b", "shared-slots",
@@ -140,6 +141,10 @@ def query_summaries(scenario: str, s: float, shape: str, seed: int, all_grades: 
         yield summarise(Reading(slots))
 
 
+#: ``--lambdas``: the agreement e-processes' betting fractions instead of the rule's (set before the pool forks).
+LAMBDAS_OVERRIDE: tuple[float, ...] = ()
+
+
 def one_decision(args: tuple) -> tuple[str, int]:
     """One decision: ``args`` is ``(scenario, s, shape, seed, all_grades)``, optionally followed by ``align_e`` (the
     alignment e-value "reads" needs; default the rule's: :func:`default_align_e`), the follower's ``(beta, sigma)``
@@ -156,8 +161,9 @@ def sweep_decision(args: tuple, align_es: tuple[float, ...] = ()) -> list[tuple[
     stream = query_summaries(scenario, s, shape, seed, all_grades, follower, rule)
     seen: list[tuple[float, float, int]] = []
     out = []
+    base = rules.rule_named(rule).evidence(CAP)  # the rule's own test (its betting fractions), at each align_e
     for e in (align_e, *align_es):
-        evidence = Evidence(cap=CAP, align_e=e)
+        evidence = dataclasses.replace(base, align_e=e, lambdas=LAMBDAS_OVERRIDE or base.lambdas)
         i = 0
         while evidence.verdict is None:
             if i == len(seen):
@@ -336,6 +342,8 @@ def main() -> int:
     ap.add_argument("--rule", choices=RULE_NAMES, default="content", help="the content rule decided (default content)")
     ap.add_argument("--align-e", type=float, default=None, help="the alignment e-value \"reads\" needs (default: the "
                     "rule's; content: contrast.ALIGN_E, query: rules.QUERY_ALIGN_E)")
+    ap.add_argument("--lambdas", default="", help="betting fractions of the agreement e-processes (comma list; default: "
+                    "the rule's)")
     ap.add_argument("--sweep", default="", help="align_e values at which every draw is also decided (comma list)")
     ap.add_argument("--draws", type=int, default=2000, help="decisions per null cell")
     ap.add_argument("--power-draws", type=int, default=400, help="decisions per cell with content")
@@ -360,6 +368,8 @@ def main() -> int:
     align_e = default_align_e(a.rule) if a.align_e is None else a.align_e
     sweep = tuple(float(x) for x in a.sweep.split(",") if x)
     cells = [(sc, sh) for sc in a.scenarios.split(",") for sh in shapes if sh == "fixed" or sc == "no-delta" or a.all_shapes]
+    global LAMBDAS_OVERRIDE
+    LAMBDAS_OVERRIDE = tuple(float(x) for x in a.lambdas.split(",")) if a.lambdas else ()
     with multiprocessing.Pool(a.workers) as pool:
         def run(scenario: str, s: float, shape: str, draws: int) -> dict:
             return cell(pool, scenario, s, shape, draws, grades, a.seed, a.rule, align_e, sweep)

@@ -17,6 +17,10 @@ orders with the query replaced by a placeholder (``QUERY_FREE``), the same way t
 
     python benchmarks/query_free.py --model 0.5b --queries 12
     python benchmarks/query_free.py --model 1.5b --queries 8
+    python benchmarks/query_free.py --model 0.5b --replay        # the decisions again from the saved readings
+
+The decisions: both rules (``content``, ``query`` at several ``align_e``) over the queries read, in their order
+and in ``--orders`` random orders (cap: the queries read).
 
 Writes ``benchmarks/results/query-free-<model>.md`` and ``.json`` (every query-free reading saved).
 """
@@ -34,8 +38,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.contrast import Reading, agreement, estimates, reading_orders  # noqa: E402
+from capcal_integrations.contrast import CAP, Evidence, Reading, agreement, estimates, reading_orders, summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
+from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
 #: What stands in for the query (the passages' placeholder's counterpart).
 QUERY_FREE = "This is a placeholder query for bias testing."
@@ -76,8 +81,21 @@ def main() -> int:
     ap.add_argument("--model", default="0.5b", help="0.5b or 1.5b (its saved readings: results/real-decision-<model>.json)")
     ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data" / "trec-dl19-passage"))
     ap.add_argument("--queries", type=int, default=12)
+    ap.add_argument("--start", type=int, default=0, help="begin at this query, after the rows already saved")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replay", action="store_true", help="only the decisions, from the saved readings")
+    ap.add_argument("--orders", type=int, default=500)
     args = ap.parse_args()
+    out = pathlib.Path(args.out or HERE / "results" / f"query-free-{args.model}")
+    if args.replay:
+        done = json.loads(pathlib.Path(f"{out}.json").read_text())
+        saved = {r["query"]: r for r in json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())["rows"]}
+        for r in done["rows"]:  # runs before the replay existed saved only the query-free readings
+            r.setdefault("with_query", saved[r["query"]]["reading"]["slots"])
+        args.queries = len(done["rows"])
+        _write(out, args, done["rows"], done["drift"], done["seconds"])
+        print(pathlib.Path(f"{out}.md").read_text())
+        return 0
     from capcal_integrations.decoding import check_readings
     from capcal_integrations.drivers import run_sync
     from capcal_integrations.server.launcher import endpoint
@@ -88,8 +106,8 @@ def main() -> int:
     first_token = "method=first-token" in note
     options = {} if first_token else {k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in saved["options"])}
     lists = {b.query: b for b in bench_lists(args.data)}
-    out = pathlib.Path(args.out or HERE / "results" / f"query-free-{args.model}")
-    rows, start = [], time.perf_counter()
+    rows = json.loads(pathlib.Path(f"{out}.json").read_text())["rows"][:args.start] if args.start else []
+    start = time.perf_counter()
     with endpoint(None, args.model) as ep:
         rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, timeout=900, guard=None,
                             **({"method": "first-token"} if first_token else options))
@@ -103,18 +121,21 @@ def main() -> int:
             return reading
 
         rr.capabilities()
+        drift = float("nan")
         for k, row in enumerate(saved["rows"][:args.queries]):
+            if k < args.start:
+                continue
             b = lists[row["query"]]
             texts = list(b.passages)
             with_query = Reading(tuple(tuple(s) for s in row["reading"]["slots"]))
-            if k == 0:  # the saved reading is what this script reads
+            if k == args.start:  # the saved reading is what this script reads
                 again = read(row["query"], texts)
                 drift = max(abs((x - again.slots[0][0]) - (y - with_query.slots[0][0]))
                             for x, y in zip(again.slots[0], with_query.slots[0]))
                 print(f"the first saved reading read again: largest difference {drift:.2e}", file=sys.stderr, flush=True)
             free = read(QUERY_FREE, texts)
             rows.append({"qid": row["qid"], "query": row["query"], **facts(with_query, free, list(b.grades)),
-                         "free": [list(s) for s in free.slots]})
+                         "with_query": [list(s) for s in with_query.slots], "free": [list(s) for s in free.slots]})
             r = rows[-1]
             print(f"{k + 1}/{args.queries} agree q {r['agree_q']:.2f} free {r['agree_free']:.2f} corr {r['corr']:.2f} "
                   f"d {r['agree_d']:.2f} align_d {r['align_d']:+.2f}", file=sys.stderr, flush=True)
@@ -126,8 +147,38 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+#: The rules replayed: (label, summary of one query's eight readings, align_e).
+RULES = (("content (default, align_e 20)", lambda r: summary(Reading(r.slots[:4])), 20.0),
+         ("query, align_e 0", query_summary, 0.0), ("query, align_e 2", query_summary, 2.0),
+         ("query, align_e 20", query_summary, 20.0))
+
+
+def decisions(rows: list[dict], orders: int, seed: int = 0) -> list[tuple[str, str, dict[str, int]]]:
+    """Per rule: its decision over the queries in their order, and the verdicts' counts over random orders."""
+    import random
+
+    readings = [Reading((*map(tuple, r["with_query"]), *map(tuple, r["free"]))) for r in rows]
+    out = []
+    for label, summarise, align_e in RULES:
+        facts_of = [summarise(r) for r in readings]
+
+        def decide(sequence: list[tuple[float, float, int]], align_e: float = align_e) -> str:
+            evidence = Evidence(cap=CAP, align_e=align_e)
+            for f in sequence:
+                if evidence.add(*f) is not None:
+                    return f"{evidence.verdict} after {evidence.queries}"
+            return f"undecided after all {evidence.queries}"
+
+        rng, counts = random.Random(seed), {}
+        for _ in range(orders):
+            verdict = decide(rng.sample(facts_of, len(facts_of))).split(" after")[0]
+            counts[verdict] = counts.get(verdict, 0) + 1
+        out.append((label, decide(facts_of), counts))
+    return out
+
+
 def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict], drift: float, seconds: float) -> None:
-    out.with_suffix(".json").write_text(json.dumps({"model": args.model, "query_free": QUERY_FREE, "drift": drift,
+    pathlib.Path(f"{out}.json").write_text(json.dumps({"model": args.model, "query_free": QUERY_FREE, "drift": drift,
                                                     "seconds": round(seconds, 1), "rows": rows}) + "\n")
     gq = [sum(r["grades_q"][i] for r in rows) for i in (0, 1)]
     gd = [sum(r["grades_d"][i] for r in rows) for i in (0, 1)]
@@ -146,7 +197,14 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict], drift:
               f"{_mean([r['agree_d'] for r in rows]):.2f}, align_q {_mean([r['align_q'] for r in rows]):+.2f}, align_d "
               f"{_mean([r['align_d'] for r in rows]):+.2f}; the better-graded passage preferred in {gq[0]} of {gq[1]} "
               f"pairs with the query, {gd[0]} of {gd[1]} by what the query adds."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    if rows and "with_query" in rows[0]:
+        lines += ["", f"**Decisions** over these {len(rows)} queries (the cap: all of them), in their order and in "
+                  f"{args.orders} random orders:", "", "| rule | in order | random orders: reads / does not read / "
+                  "undecided |", "|---|---|---|"]
+        for label, in_order, counts in decisions(rows, args.orders):
+            lines.append(f"| {label} | {in_order} | {counts.get('reads', 0)} / {counts.get('does not read', 0)} / "
+                         f"{counts.get('undecided', 0)} |")
+    pathlib.Path(f"{out}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -214,13 +214,21 @@ class Evidence:
     effect: float = EFFECT
     cap: int = CAP
     align_e: float = ALIGN_E  # the alignment evidence "reads" needs (a field so that benchmarks can sweep it)
+    lambdas: tuple[float, ...] = LAMBDAS  # the betting fractions of the agreement e-processes (each in (0, 1))
     scores: list[float] = field(default_factory=list)
     alignments: list[float] = field(default_factory=list)
-    _reads: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
-    _not: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
-    _against: list[float] = field(default_factory=lambda: [1.0] * len(LAMBDAS), repr=False)
+    _reads: list[float] = field(default_factory=list, repr=False)
+    _not: list[float] = field(default_factory=list, repr=False)
+    _against: list[float] = field(default_factory=list, repr=False)
     _along: list[float] = field(default_factory=lambda: [1.0] * len(ALIGN_LAMBDAS), repr=False)
     verdict: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lambdas or not all(0.0 < lam < 1.0 for lam in self.lambdas):
+            raise ValueError(f"betting fractions must be in (0, 1), got {self.lambdas}")
+        for name in ("_reads", "_not", "_against"):
+            if not getattr(self, name):
+                setattr(self, name, [1.0] * len(self.lambdas))
 
     @property
     def queries(self) -> int:
@@ -263,12 +271,12 @@ class Evidence:
             a = max(-1.0, min(1.0, float(aligned)))
             self.alignments.append(a)
             self._against = [k * (1.0 + lam * (ALIGN_EFFECT - a) / (1.0 + ALIGN_EFFECT))
-                             for k, lam in zip(self._against, LAMBDAS)]
+                             for k, lam in zip(self._against, self.lambdas)]
             size = min(1.0, max(1, pairs) / FULL_PAIRS)  # known before the score: a predictable bet
             self._along = [k * (1.0 + size * lam * a) for k, lam in zip(self._along, ALIGN_LAMBDAS)]
         scale = 1.0 / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
-        self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, LAMBDAS)]
-        self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, LAMBDAS)]
+        self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, self.lambdas)]
+        self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, self.lambdas)]
         if self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e:
             self.verdict = "reads"
         elif self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss:
