@@ -36,7 +36,6 @@ The real packaged models' readings are analysed by ``benchmarks/testbed.py --rea
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -49,7 +48,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import rules  # noqa: E402
-from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Reading, reading_orders  # noqa: E402
+from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading, reading_orders  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 NULL_SCENARIOS = ("no-delta", "ties", "heavy-tails", "noise-scale-0.5", "noise-scale-1", "scale-1.5b", "shared-slots",
@@ -161,9 +160,9 @@ def sweep_decision(args: tuple, align_es: tuple[float, ...] = ()) -> list[tuple[
     stream = query_summaries(scenario, s, shape, seed, all_grades, follower, rule)
     seen: list[tuple[float, float, int]] = []
     out = []
-    base = rules.rule_named(rule).evidence(CAP)  # the rule's own test (its betting fractions), at each align_e
+    lambdas = LAMBDAS_OVERRIDE or rules.rule_named(rule).evidence(CAP).lambdas  # the rule's own betting fractions
     for e in (align_e, *align_es):
-        evidence = dataclasses.replace(base, align_e=e, lambdas=LAMBDAS_OVERRIDE or base.lambdas)
+        evidence = Evidence(cap=CAP, align_e=e, lambdas=lambdas)  # a fresh test per align_e (no state shared)
         i = 0
         while evidence.verdict is None:
             if i == len(seen):
