@@ -55,6 +55,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "capcal-adaptive": {"method": "capcal", "alpha": "adaptive", "guard": None},
     "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None},
     "default": {"check_wait": True},
+    "query": {"check_wait": True, "guard": "query"},  # the experimental query-free rule (rules.py)
     "capcal-chosen": {"method": "capcal", "alpha": "chosen", "guard": None},
 }
 #: ``alpha="chosen"`` (``capcal-chosen``): the strength the default's content check chose on its first lists
