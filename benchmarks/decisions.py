@@ -82,8 +82,8 @@ def default_align_e(rule: str = "content") -> float:
     return rules.rule_named(rule).evidence(CAP).align_e
 
 
-def load_grades(data: str) -> list[list[int]]:
-    """Per query, the grades of its BM25 candidates in first-stage order."""
+def load_judged(data: str) -> tuple[list[list[int]], list[list[int]]]:
+    """Per query, the grades of its BM25 candidates in first-stage order, and all of its judgements (nDCG's ideal)."""
     import gzip
 
     root = pathlib.Path(data)
@@ -93,7 +93,13 @@ def load_grades(data: str) -> list[list[int]]:
         qrels.setdefault(qid, {})[doc] = int(grade)
     with gzip.open(root / "candidates.jsonl.gz", "rt", encoding="utf-8") as f:
         topics = [json.loads(line) for line in f]
-    return [[qrels.get(t["qid"], {}).get(c["docid"], 0) for c in t["candidates"]] for t in topics]
+    grades = [[qrels.get(t["qid"], {}).get(c["docid"], 0) for c in t["candidates"]] for t in topics]
+    return grades, [sorted(qrels.get(t["qid"], {}).values(), reverse=True) for t in topics]
+
+
+def load_grades(data: str) -> list[list[int]]:
+    """Per query, the grades of its BM25 candidates in first-stage order."""
+    return load_judged(data)[0]
 
 
 def list_of(shape: str, grades: list[int], rng: random.Random) -> list[int]:

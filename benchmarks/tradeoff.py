@@ -20,7 +20,6 @@ Writes ``benchmarks/results/tradeoff.md`` and ``.json``::
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
 import json
 import math
@@ -35,7 +34,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from decisions import FOLLOWER, NULL_SCENARIOS, OWN, one_decision, query_summaries, upper_bound  # noqa: E402
+from decisions import FOLLOWER, NULL_SCENARIOS, OWN, load_judged, one_decision, query_summaries, upper_bound  # noqa: E402
 from real_decision import _reading  # noqa: E402
 
 from capcal_integrations.contrast import ALIGN_E, CAP, LEVEL, Evidence, summary  # noqa: E402
@@ -45,19 +44,6 @@ ALIGN_ES = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
 GOAL = 0.95  # (a): "reads" within 12 queries at s = 1 and within 24 at s = .5 in at least this share of runs
 REAL_GOAL = 0.01  # (b): "reads" in at most this share of the real 1.5B's query orders
 REAL = {"0.5b": HERE / "results" / "real-decision-0.5b.json", "1.5b": HERE / "results" / "real-decision-1.5b.json"}
-
-
-def load_lists(data: str) -> tuple[list[list[int]], list[list[int]]]:
-    """Per query, the grades of its BM25 candidates in first-stage order and all of its judgements (nDCG's ideal)."""
-    root = pathlib.Path(data)
-    qrels: dict[str, dict[str, int]] = {}
-    for line in (root / "qrels.txt").read_text().splitlines():
-        qid, _, doc, grade = line.split()
-        qrels.setdefault(qid, {})[doc] = int(grade)
-    with gzip.open(root / "candidates.jsonl.gz", "rt", encoding="utf-8") as f:
-        topics = [json.loads(line) for line in f]
-    grades = [[qrels.get(t["qid"], {}).get(c["docid"], 0) for c in t["candidates"]] for t in topics]
-    return grades, [sorted(qrels.get(t["qid"], {}).values(), reverse=True) for t in topics]
 
 
 def query_stats(scenario: str, s: float, grades: list[list[int]], follower: tuple[float, float] | None,
@@ -310,7 +296,7 @@ def main() -> int:
     a = ap.parse_args()
     start = time.perf_counter()
     es = [float(x) for x in a.align_e.split(",") if x]
-    grades, ideals = load_lists(a.data)
+    grades, ideals = load_judged(a.data)
 
     reader = query_stats("no-delta", 0.5, grades, None, a.calibration_queries)
     follower = calibrate(grades, reader, a.calibration_queries)
