@@ -38,7 +38,7 @@ from typing import Any
 from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Reading
 from .errors import InputError
 from .files import option_text
-from .rules import RULES, ContentRule
+from .rules import DEFAULT_RULE, RULES, ContentRule
 
 __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "ContentDecision", "Verdict",
            "ContentCheck", "Pending", "decision_key", "load_decision", "check_for", "check_of", "decision_of"]
@@ -70,7 +70,7 @@ def decision_key(model: str, weights: str, opts: Any) -> Key:
     ('m', 'sha:1', 'rank_zephyr', '20')
     """
     values = {k: _name(opts.template) if k == "template" else str(getattr(opts, k)) for k in KEY_OPTIONS}
-    rule = () if opts.guard in (None, "content") else (("rule", str(opts.guard)),)  # the default's keys stay as they were
+    rule = () if opts.guard in (None, DEFAULT_RULE) else (("rule", str(opts.guard)),)  # the default's keys stay as they were
     return (("model", str(model)), ("weights", str(weights)), *values.items(), *rule)
 
 
@@ -151,7 +151,7 @@ class ContentCheck:
     Shared by every ranking on the endpoint state (threads included)."""
 
     def __init__(self, key: Key, decision: ContentDecision | None = None, cap: int = CAP,
-                 rule: ContentRule = RULES["content"]) -> None:
+                 rule: ContentRule = RULES[DEFAULT_RULE]) -> None:
         self.key, self.decision, self.cap, self.rule = key, decision, cap, rule
         self.evidence = rule.evidence(cap)
         self.readings: list[Reading] = []
@@ -253,7 +253,7 @@ _CHECKS_LOCK = threading.Lock()
 
 
 def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, cap: int = CAP,
-              rule: ContentRule = RULES["content"]) -> ContentCheck:
+              rule: ContentRule = RULES[DEFAULT_RULE]) -> ContentCheck:
     """The check for ``key`` in an endpoint state's ``checks``, made on first use (by ``rule``); seeded with the
     ``saved`` decision (JSON or a file) when that decision is about the same key (else a warning, and decided
     afresh)."""

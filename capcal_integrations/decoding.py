@@ -14,12 +14,12 @@ continue a prefix, ``vanilla`` is the model's own answer parsed (:func:`generate
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .calibration import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
-from .contrast import Reading, reading_orders
+from .contrast import Reading
 from .deadline import DeadlinePassed
 from .depth import below_depth
 from .endpoints import kind_of
@@ -29,6 +29,7 @@ from .orders import order_of_scores
 from .probe import route
 from .prompts import QUERY_PLACEHOLDER, labels, render_prompt
 from .protocol import EndpointState, Flow, Token, generate, tokenize
+from .rules import DEFAULT_RULE, RULES, ContentRule
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Step
 
@@ -112,17 +113,17 @@ def _learn_label_tokens(state: EndpointState, opts: Options, way: str, ids: Sequ
 
 
 def check_readings(state: EndpointState, opts: Options, query: str, texts: list[str],
-                   orders: Callable[[int], Sequence[list[int]]] = reading_orders, query_free: bool = False) -> Flow[Reading]:
+                   rule: ContentRule = RULES[DEFAULT_RULE]) -> Flow[Reading]:
     """A content rule's readings of one list (:mod:`.rules`): the first step's label log-probabilities in each
-    of its ``orders`` (the default rule's: the four of :func:`~.contrast.reading_orders`), with ``query_free``
-    each read again with the query replaced by :data:`~.prompts.QUERY_PLACEHOLDER`, and the empty prompt's, in
-    one round of requests."""
+    of the rule's ``orders`` (the default rule's: the four of :func:`~.contrast.reading_orders`), with
+    ``query_free`` each read again with the query replaced by :data:`~.prompts.QUERY_PLACEHOLDER`, and the empty
+    prompt's, in one round of requests."""
     n = len(texts)
     ids = labels(n, opts.labels)
     way = route(state.caps, opts.prompt)
     yield from _learn_label_tokens(state, opts, way, ids)
-    asked = (query, QUERY_PLACEHOLDER) if query_free else (query,)
-    streams = [render_prompt(opts.template, q, [texts[i] for i in order], ids) for q in asked for order in orders(n)]
+    asked = (query, QUERY_PLACEHOLDER) if rule.query_free else (query,)
+    streams = [render_prompt(opts.template, q, [texts[i] for i in order], ids) for q in asked for order in rule.orders(n)]
     streams.append(render_prompt(opts.template, query, [opts.placeholder] * n, ids))
     scored = yield from _label_scores(state, opts, way, streams, ids, [])
     return Reading(tuple(tuple(x.logprobs) for x in scored[:-1]), tuple(scored[-1].logprobs))

@@ -124,8 +124,7 @@ def _checked(state: EndpointState, opts: Options, query: str,
     checked: tuple[int, ...] = ()
     runner = None if opts.check_wait else getattr(state, "background", None)
     if check.verdict() is None and check.want(query, top, exclusive=runner is not None):
-        pending = Pending(check, lambda view: check_readings(view, opts, query, top, check.rule.orders,
-                                                             check.rule.query_free), opts.calibration)
+        pending = Pending(check, lambda view: check_readings(view, opts, query, top, check.rule), opts.calibration)
         if runner is not None:
             runner(pending)
         else:

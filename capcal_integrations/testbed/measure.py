@@ -228,8 +228,8 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                     if decided is not None:
                         picked = decided.alpha
                     if reranker is not None:
-                        r, d = decisions(reranker) if opts.get("guard", "content") is not None else (0, 0)
-                        windows = sum(max(1, _windows(x)) for x in rankings)
+                        r, d = decisions(reranker)  # (0, 0) where no check ran (guard=None)
+                        windows = sum(_windows(x) for x in rankings)
                         c = counts[method]
                         c[0], c[1] = c[0] + r, c[1] + d
                         c[2] += windows - sum(len(x.guarded) for x in rankings)
