@@ -38,17 +38,23 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.contrast import CAP, Evidence, Reading, agreement, estimates, reading_orders, summary  # noqa: E402
+from capcal_integrations.contrast import (  # noqa: E402
+    CAP,
+    Evidence,
+    Reading,
+    agreement,
+    alignment,
+    estimates,
+    reading_orders,
+    summary,
+)
 from capcal_integrations.options import Options  # noqa: E402
+from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
+from capcal_integrations.query_contrast import differences  # noqa: E402
 from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
-#: What stands in for the query (the passages' placeholder's counterpart).
-QUERY_FREE = "This is a placeholder query for bias testing."
-
-
-def share(values: list[float]) -> float:
-    total = math.fsum(abs(v) for v in values)
-    return math.fsum(values) / total if total else 0.0
+#: What stands in for the query: the library's own (the query rule reads the same prompts).
+QUERY_FREE = QUERY_PLACEHOLDER
 
 
 def pearson(x: list[float], y: list[float]) -> float:
@@ -66,14 +72,12 @@ def follows(content: list[float], g: list[int]) -> tuple[int, int]:
 
 
 def facts(with_query: Reading, free: Reading, g: list[int]) -> dict:
-    q1, q2 = estimates(with_query)
-    f1, f2 = estimates(free)
-    d1, d2 = [a - b for a, b in zip(q1, f1)], [a - b for a, b in zip(q2, f2)]
-    cq, cf, cd = [a + b for a, b in zip(q1, q2)], [a + b for a, b in zip(f1, f2)], [a + b for a, b in zip(d1, d2)]
-    gq, gd = follows(cq, g), follows(cd, g)
+    both = Reading((*with_query.slots, *free.slots))  # the query rule's eight readings
+    cq, cf, cd = ([a + b for a, b in zip(*pair)] for pair in (estimates(with_query), estimates(free), differences(both)))
+    agree_d, align_d, _ = query_summary(both)
     return {"agree_q": agreement(with_query), "agree_free": agreement(free), "corr": pearson(cq, cf),
-            "agree_d": share([a * b for a, b in zip(d1, d2)]), "align_d": share(cd), "align_q": share(cq),
-            "grades_q": gq, "grades_d": gd}
+            "agree_d": agree_d, "align_d": align_d, "align_q": alignment(with_query),
+            "grades_q": follows(cq, g), "grades_d": follows(cd, g)}
 
 
 def main() -> int:

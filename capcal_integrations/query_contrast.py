@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .contrast import Reading, estimates, share
 
-__all__ = ["split", "summary"]
+__all__ = ["split", "differences", "summary"]
 
 
 def split(reading: Reading) -> tuple[Reading, Reading]:
@@ -32,6 +32,13 @@ def split(reading: Reading) -> tuple[Reading, Reading]:
         raise ValueError(f"the query-free contrast needs eight readings (four with the query, four without), "
                          f"got {len(reading.slots)}")
     return Reading(reading.slots[:4], reading.empty), Reading(reading.slots[4:], reading.empty)
+
+
+def differences(reading: Reading) -> tuple[list[float], list[float]]:
+    """``(d1, d2)`` per passage pair: what the query adds to each of the two slot-free estimates."""
+    with_query, free = split(reading)
+    (q1, q2), (f1, f2) = estimates(with_query), estimates(free)
+    return [a - b for a, b in zip(q1, f1)], [a - b for a, b in zip(q2, f2)]
 
 
 def summary(reading: Reading) -> tuple[float, float, int]:
@@ -47,8 +54,6 @@ def summary(reading: Reading) -> tuple[float, float, int]:
     >>> summary(Reading((*read(own), *read(own))))
     (0.0, 0.0, 2)
     """
-    with_query, free = split(reading)
-    (q1, q2), (f1, f2) = estimates(with_query), estimates(free)
-    d1, d2 = [a - b for a, b in zip(q1, f1)], [a - b for a, b in zip(q2, f2)]
+    d1, d2 = differences(reading)
     return share([x * y for x, y in zip(d1, d2)]), share([x + y for x, y in zip(d1, d2)]), len(d1)
 
