@@ -148,6 +148,8 @@ def query_summaries(scenario: str, s: float, shape: str, seed: int, all_grades: 
 
 #: ``--lambdas``: the agreement e-processes' betting fractions instead of the rule's (set before the pool forks).
 LAMBDAS_OVERRIDE: tuple[float, ...] = ()
+#: ``--bet-pairs``: the agreement bets' size by list length instead of the rule's (``Evidence.bet_pairs``).
+BET_PAIRS_OVERRIDE: int | None = None
 
 
 def one_decision(args: tuple) -> tuple[str, int]:
@@ -166,9 +168,12 @@ def sweep_decision(args: tuple, align_es: tuple[float, ...] = ()) -> list[tuple[
     stream = query_summaries(scenario, s, shape, seed, all_grades, follower, rule)
     seen: list[tuple[float, float, int]] = []
     out = []
-    lambdas = LAMBDAS_OVERRIDE or rules.rule_named(rule).evidence(CAP).lambdas  # the rule's own betting fractions
+    own = rules.rule_named(rule).evidence(CAP)  # the rule's own test: betting fractions, their size by list length
+    lambdas = LAMBDAS_OVERRIDE or own.lambdas
+    bet_pairs = own.bet_pairs if BET_PAIRS_OVERRIDE is None else BET_PAIRS_OVERRIDE
     for e in (align_e, *align_es):
-        evidence = Evidence(cap=CAP, align_e=e, lambdas=lambdas)  # a fresh test per align_e (no state shared)
+        # a fresh test per align_e (no state shared)
+        evidence = Evidence(cap=CAP, align_e=e, lambdas=lambdas, bet_pairs=bet_pairs)
         i = 0
         while evidence.verdict is None:
             if i == len(seen):
@@ -349,6 +354,8 @@ def main() -> int:
                     "rule's; content: contrast.ALIGN_E, query: rules.QUERY_ALIGN_E)")
     ap.add_argument("--lambdas", default="", help="betting fractions of the agreement e-processes (comma list; default: "
                     "the rule's)")
+    ap.add_argument("--bet-pairs", type=int, default=None, help="lists of fewer slot pairs bet pairs / this of the "
+                    "agreement bets (0: all the same; default: the rule's Evidence.bet_pairs)")
     ap.add_argument("--sweep", default="", help="align_e values at which every draw is also decided (comma list)")
     ap.add_argument("--draws", type=int, default=2000, help="decisions per null cell")
     ap.add_argument("--power-draws", type=int, default=400, help="decisions per cell with content")
@@ -373,8 +380,9 @@ def main() -> int:
     align_e = default_align_e(a.rule) if a.align_e is None else a.align_e
     sweep = tuple(float(x) for x in a.sweep.split(",") if x)
     cells = [(sc, sh) for sc in a.scenarios.split(",") for sh in shapes if sh == "fixed" or sc == "no-delta" or a.all_shapes]
-    global LAMBDAS_OVERRIDE
+    global LAMBDAS_OVERRIDE, BET_PAIRS_OVERRIDE
     LAMBDAS_OVERRIDE = tuple(float(x) for x in a.lambdas.split(",")) if a.lambdas else ()
+    BET_PAIRS_OVERRIDE = a.bet_pairs
     with multiprocessing.Pool(a.workers) as pool:
         def run(scenario: str, s: float, shape: str, draws: int) -> dict:
             return cell(pool, scenario, s, shape, draws, grades, a.seed, a.rule, align_e, sweep)

@@ -22,7 +22,7 @@ writes it to a file only this user can read (0600, in a 0700 folder), the worker
 the file is deleted when the run ends. On a multi-node cluster, where the workers cannot read the driver's
 files, give the key in the cluster's environment (``OPENAI_API_KEY``) and pass no ``api_key``.
 
-The content check (``guard="content"``, the default) is decided once for the whole run: the first lists
+The content check (``guard="query"``, the default, or ``"content"``) is decided once for the whole run: the first lists
 go to one worker alone until it has decided, its decision is handed to every other worker and saved beside
 the output (``OUTPUT.decision.json``), where a resumed run picks it up (``decision=`` given wins).
 
@@ -98,7 +98,7 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
         raise InputError(f"workers and lists_per_worker must be integers >= 1, got {workers} and {lists_per_worker}")
     options = worker_options(endpoints, workers, options)
     opts, saved = Options().replace(**options), decision_path(output)
-    deciding = opts.guard == "content" and opts.calibrated and not opts.decision
+    deciding = opts.guard is not None and opts.calibrated and not opts.decision
     if deciding and saved.is_file():
         log.info("batch: the content check's decision saved by an earlier run is used (%s)", saved)
         options, deciding = {**options, "decision": str(saved)}, False

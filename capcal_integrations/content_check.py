@@ -70,7 +70,8 @@ def decision_key(model: str, weights: str, opts: Any) -> Key:
     ('m', 'sha:1', 'rank_zephyr', '20')
     """
     values = {k: _name(opts.template) if k == "template" else str(getattr(opts, k)) for k in KEY_OPTIONS}
-    rule = () if opts.guard in (None, DEFAULT_RULE) else (("rule", str(opts.guard)),)  # the default's keys stay as they were
+    # the content rule's keys stay as they were before there were rules (its saved decisions still apply)
+    rule = () if opts.guard in (None, "content") else (("rule", str(opts.guard)),)
     return (("model", str(model)), ("weights", str(weights)), *values.items(), *rule)
 
 

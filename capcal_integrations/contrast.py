@@ -215,6 +215,7 @@ class Evidence:
     cap: int = CAP
     align_e: float = ALIGN_E  # the alignment evidence "reads" needs (a field so that benchmarks can sweep it)
     lambdas: tuple[float, ...] = LAMBDAS  # the betting fractions of the agreement e-processes (each in (0, 1))
+    bet_pairs: int = 0  # lists of fewer slot pairs bet pairs / bet_pairs of the agreement bets (0: all bet the same)
     scores: list[float] = field(default_factory=list)
     alignments: list[float] = field(default_factory=list)
     _reads: list[float] = field(default_factory=list, repr=False)
@@ -274,8 +275,9 @@ class Evidence:
                              for k, lam in zip(self._against, self.lambdas)]
             size = min(1.0, max(1, pairs) / FULL_PAIRS)  # known before the score: a predictable bet
             self._along = [k * (1.0 + size * lam * a) for k, lam in zip(self._along, ALIGN_LAMBDAS)]
-        scale = 1.0 / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
-        self._reads = [k * (1.0 + lam * x) for k, lam in zip(self._reads, self.lambdas)]
+        bet = min(1.0, max(1, pairs) / self.bet_pairs) if self.bet_pairs else 1.0  # known before the score: predictable
+        scale = bet / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
+        self._reads = [k * (1.0 + bet * lam * x) for k, lam in zip(self._reads, self.lambdas)]
         self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, self.lambdas)]
         if self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e:
             self.verdict = "reads"

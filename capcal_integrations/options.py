@@ -90,15 +90,15 @@ class Options:
                                  "without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
                                  "calibration strength >= 0.", parse_alpha)
     guard: str | None = _option(
-        "content", "Whether the calibrated methods calibrate at all: the content rule that decides it (capcal_integrations."
-        "rules). 'content': decided once per model and reading options over the queries ranked (each query's top window "
-        "read at the first step in four orders, off the request path; a sequential test, blind to slot effects, says "
-        "'reads' or 'does not read' as soon as the evidence is strong, at most check_lists queries); until it decides, "
-        "and for a model that does not read, every list keeps its given order. 'query' (experimental): the same, each "
-        "order read again without the query and the test run on what the query adds (a model's preferences of its own "
-        "cancel; docs/content-check.md). None: always calibrate. A number (the "
-        "retired per-list guard) is read as 'content', with a FutureWarning.", parse_guard)
-    check_lists: int = _option(40, "The most queries the content check reads (guard='content'); a check still undecided "
+        "query", "Whether the calibrated methods calibrate at all: the content rule that decides it (capcal_integrations."
+        "rules), once per model and reading options over the queries ranked, off the request path; until it decides, "
+        "and for a model that does not read, every list keeps its given order. 'query': each query's top window read "
+        "at the first step in four orders, with the query and again without it; a sequential test on what the query "
+        "adds says 'reads' or 'does not read' as soon as the evidence is strong, at most check_lists queries (a model's "
+        "preferences of its own cancel; docs/content-check.md). 'content': the four orders with the query only (half "
+        "the deciding prompts; passes a model with consistent preferences that lean the retriever's way). None: always "
+        "calibrate. A number (the retired per-list guard) is read as 'query', with a FutureWarning.", parse_guard)
+    check_lists: int = _option(40, "The most queries the content check reads (guard='query' or 'content'); a check still undecided "
                                "then says 'does not read (undecided)'.", parse_int)
     check_wait: bool = _option(False, "Take the content check's readings inside the ranking (the list waits for them, "
                                "and is ranked by the decision if it decides) instead of in the background: for batch jobs "

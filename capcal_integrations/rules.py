@@ -22,7 +22,7 @@ A rule is four things (:class:`ContentRule`), and the engine asks nothing else o
 that does not read). A new rule is one more entry in :data:`RULES`.
 
 The per-list guard of earlier versions (``guard=<z-score>``: one more prompt per window, fooled by slot
-effects on the testbed) is retired: a number is read as ``"content"``, with a ``FutureWarning``.
+effects on the testbed) is retired: a number is read as the default rule, with a ``FutureWarning``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, readin
 from .errors import InputError
 from .parsers import is_finite
 
-__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBDAS", "rule_named", "guard_value"]
+__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBDAS", "QUERY_BET_PAIRS", "rule_named", "guard_value"]
 
 #: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.contrast.ALIGN_E`):
 #: none; a model's own taste cancels in what the query adds (``benchmarks/results/decisions-query.md``).
@@ -45,6 +45,10 @@ QUERY_ALIGN_E = 0.0
 #: Its betting fraction: one bold bet instead of the content rule's mixture (within 12 queries at s = 1 in 97.5-100 %
 #: of fixed-shape runs instead of 86-100 %; false "reads" still at most 1 % by Ville's inequality).
 QUERY_LAMBDAS = (0.95,)
+#: Lists of fewer slot pairs than this bet proportionally less (``Evidence.bet_pairs``): a 4-passage list's two pairs
+#: score -1 often enough that a full bet loses five queries' progress (mixed lengths 3-30 at s = 1: "reads" within 12
+#: queries in 96 % of runs instead of 91 %; ``benchmarks/results/decisions-query.md``).
+QUERY_BET_PAIRS = 5
 
 
 @dataclass(frozen=True)
@@ -60,17 +64,21 @@ class ContentRule:
     query_free: bool = False  # each order read again without the query (.query_contrast)
 
 
-#: The content rules ``guard`` can name. ``"content"``: each query's top window read in four orders
-#: (:mod:`.contrast`), a sequential test over queries (false "reads" at most 1 % at any number of looks).
-#: ``"query"`` (experimental): the same orders read with and without the query, and the same test on what the
-#: query adds (:mod:`.query_contrast`): a model's preferences of its own, the same whatever the query, cancel.
+#: The content rules ``guard`` can name. ``"query"`` (the default): each query's top window read in four orders
+#: (:func:`~.contrast.reading_orders`) with the query and again with it replaced by a placeholder, and a sequential test
+#: over queries on what the query adds (:mod:`.query_contrast`): a model's preferences of its own, the same whatever
+#: the query, cancel (false "reads" at most 1 % at any number of looks). ``"content"``: the four orders with the query
+#: only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a model's own preferences
+#: that also delays a reader (``benchmarks/results/tradeoff.md``).
 RULES: dict[str, ContentRule] = {
-    "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
     "query": ContentRule("query", reading_orders, query_contrast.summary,
-                         lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS),
+                         lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS,
+                                              bet_pairs=QUERY_BET_PAIRS),
                          alpha_of_readings, query_free=True),
+    "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
 }
-DEFAULT_RULE = "content"
+#: The rule of ``guard``'s default (docs/content-check.md: why the query-free contrast).
+DEFAULT_RULE = "query"
 
 
 def rule_named(name: str) -> ContentRule:
@@ -97,7 +105,7 @@ def guard_value(value: Any) -> str | None:
         return value
     if is_finite(value):
         warnings.warn(f"guard={value!r}: the per-list guard was retired (fooled by slot effects on the testbed: "
-                      f"docs/content-check.md); read as guard={DEFAULT_RULE!r}, the content check. Pass guard="
+                      f"docs/content-check.md); read as guard={DEFAULT_RULE!r}, the default content check. Pass guard="
                       f"{DEFAULT_RULE!r} (the default) or None (always calibrate).", FutureWarning, stacklevel=5)
         return DEFAULT_RULE
     raise InputError(f"guard must be {' or '.join(repr(r) for r in RULES)} (a content rule) or None to calibrate "

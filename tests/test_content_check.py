@@ -31,6 +31,7 @@ from capcal_integrations.contrast import (
     summary,
 )
 from capcal_integrations.options import Options
+from capcal_integrations.rules import DEFAULT_RULE
 from capcal_integrations.probe import fingerprint
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 
@@ -424,13 +425,13 @@ def test_alpha_auto_uses_the_chosen_strength_and_a_retired_guard_number_means_th
     assert {s.alpha for s in rr.rerank(*data[-1][:2]).steps} == {alpha}
     with pytest.warns(FutureWarning, match="per-list guard was retired"):
         old = rr.with_options(guard=2.0)
-    assert old.options.guard == "content"
+    assert old.options.guard == DEFAULT_RULE == "query"
     ranking = old.rerank(*data[-1][:2])  # the same decision: no rotated prompt, no z-score
     assert ranking.agreement == () and {s.alpha for s in ranking.steps} == {alpha}
 
 
 def test_the_option_values():
-    assert (Options().guard, Options().alpha, Options().decision, Options().check_wait) == ("content", "auto", None, False)
+    assert (Options().guard, Options().alpha, Options().decision, Options().check_wait) == ("query", "auto", None, False)
     assert Options.parse("guard", "content") == "content" and Options.parse("guard", "2") == 2.0
     assert Options.parse("alpha", "auto") == "auto"
     assert Options().replace(preset="release").alpha == "adaptive"  # the release's rule, as its code has it

@@ -86,5 +86,19 @@ def test_the_rule_decides_through_the_library_and_has_its_own_key():
     taste = simulated_endpoint(data, s=0.0, preference=2.0, seed=0).reranker(check_wait=True, guard="query")
     rank_until_decided(taste, data)
     assert taste.content_decision() is None or not taste.content_decision().reads
-    default = dict(decision_key("m", "w", Options()))
-    assert "rule" not in default  # the default rule's keys (and saved decisions) stay as they were
+    default, content = dict(decision_key("m", "w", Options())), dict(decision_key("m", "w", Options(guard="content")))
+    assert default["rule"] == "query"  # the default: its own decisions, not the content rule's saved ones
+    assert "rule" not in content  # the content rule's keys (and saved decisions) stay as they were
+
+
+def test_short_lists_bet_less_by_their_slot_pairs():
+    """The query rule's bets shrink below QUERY_BET_PAIRS slot pairs: a 4-passage list scoring -1 costs a
+    fraction of the evidence, not 95 % of it; a full list bets in full."""
+    from capcal_integrations.rules import QUERY_BET_PAIRS, RULES
+
+    short, full = RULES["query"].evidence(40), RULES["query"].evidence(40)
+    short.add(-1.0, 0.0, pairs=2)
+    full.add(-1.0, 0.0, pairs=QUERY_BET_PAIRS)
+    assert short.bet_pairs == QUERY_BET_PAIRS == 5
+    assert short.for_reads == pytest.approx(1 - 0.95 * 2 / 5) and full.for_reads == pytest.approx(1 - 0.95)
+    assert RULES["content"].evidence(40).bet_pairs == 0  # the content rule bets the same on every list

@@ -10,6 +10,7 @@ import pytest
 
 from capcal_integrations import CapCalReranker, InputError
 from capcal_integrations.options import Options
+from capcal_integrations.rules import DEFAULT_RULE
 from tests.fake_endpoint import clients, make_handler, split_prompt, tokenized_texts
 
 PASSAGES = [f"passage {i}" for i in range(12)]
@@ -84,7 +85,7 @@ def test_a_number_for_guard_is_read_as_the_content_check_with_a_warning(method, 
     # content check's, as the default's
     with pytest.warns(FutureWarning, match="per-list guard was retired"):
         rr = reranker(method=method, guard=z)
-    assert rr.options.guard == "content"
+    assert rr.options.guard == DEFAULT_RULE
     ranking = rr.rerank("q", PASSAGES)
     assert ranking.kept_given_order and ranking.method == "given-order" and ranking.agreement == ()
     assert "content check deciding" in ranking.notes[0] and ranking.steps == ()

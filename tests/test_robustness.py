@@ -90,7 +90,7 @@ def test_good_numbers_still_pass():
     assert (o.alpha, o.max_passage_words) == (1, 1)
     assert Options(guard=None, max_passage_words=None).guard is None
     with pytest.warns(FutureWarning, match="per-list guard was retired"):  # the old z-score: read as the check
-        assert Options(guard=-1.5).guard == "content"
+        assert Options(guard=-1.5).guard == "query"  # the default rule
 
 
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(), st.text(max_size=5),

@@ -481,3 +481,12 @@ def test_the_empty_prompt_of_a_list_carries_its_key_too():
         for query, passages, _ in data:
             endpoint.reranker(method="capcal", alpha=1.0, guard=None, template=template).rerank(query, passages)
     assert set(seen) == {(empty, query) for empty in (True, False) for query, _, _ in data}
+
+
+def test_the_ties_scenario_keeps_the_top_eight_whatever_the_length():
+    """A server that cuts its log-probabilities at the top 8 ties the rest: 12 of 20 labels, none of 6 (a short list
+    keeps its information, as on a real server)."""
+    ties = SCENARIOS["ties"].replace(s=1.0, seed=3)
+    long, short = ties.logits([j % 4 for j in range(20)], "p20"), ties.logits([0, 1, 2, 3, 0, 1], "p6")
+    assert sorted(long)[:12] == [min(long)] * 12 and len(set(long)) == 9
+    assert len(set(short)) == 6

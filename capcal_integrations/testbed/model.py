@@ -23,7 +23,9 @@ Three parameters give the lists of one model different shapes (all off by defaul
   share them, as the real 0.5B's do: ``slot_effects.json``'s ``shared_slots``).
 
 ``tie`` labels may be tied at a floor: in each prompt the ``tie`` lowest logits are set to the lowest
-of them, as a server that cuts its top log-probabilities returns one floor value for all the rest.
+of them, as a server that cuts its top log-probabilities returns one floor value for all the rest;
+``shown`` says it by what the server keeps (all but the top ``shown`` tied, whatever the list's length:
+the ``ties`` scenario keeps 8, so a 20-passage prompt ties 12 and a 6-passage prompt none).
 
 Slot vectors are fitted from the packaged models' records (:mod:`.fit`, ``slot_effects.json``); a
 vector of another length is stretched over the list by relative position (first and last slots kept).
@@ -58,6 +60,7 @@ class SlotModel:
     noise: float = 0.3  # SD of the real prompt's noise per slot
     noise_empty: float = 0.13  # SD of the empty prompt's noise per slot
     tie: int = 0  # how many of the lowest labels are tied at one floor value
+    shown: int = 0  # only the top `shown` labels' logits are told apart; the rest are tied (0: all shown)
     seed: int = 0
     name: str = field(default="custom", compare=False)
     noise_scale: float = 0.0  # SD of the log of a list's noise multiplier (drawn once per list); 0 = none
@@ -92,8 +95,9 @@ class SlotModel:
             if self.shared_slots:
                 u = self.slot_effects(list_key, n)
                 out = [v + e for v, e in zip(out, u)]
-        if self.tie > 1:
-            low = sorted(range(n), key=lambda j: out[j])[:min(self.tie, n)]
+        tied = max(self.tie, n - self.shown if self.shown else 0)
+        if tied > 1:
+            low = sorted(range(n), key=lambda j: out[j])[:min(tied, n)]
             floor = min(out[j] for j in low)
             for j in low:
                 out[j] = floor
@@ -182,7 +186,7 @@ def _scenarios() -> dict[str, SlotModel]:
         "delta-0.5b": base.replace(delta=tuple(small["delta"]), name="delta-0.5b"),
         "delta-1.5b": large_model,
         "last-digit": base.replace(delta=_last_digit(), name="last-digit"),
-        "ties": base.replace(tie=12, name="ties"),
+        "ties": base.replace(shown=8, name="ties"),
         "noise-scale-0.5": base.replace(noise_scale=0.5, name="noise-scale-0.5"),
         "noise-scale-1": base.replace(noise_scale=1.0, name="noise-scale-1"),
         "heavy-tails": base.replace(tails=3.0, name="heavy-tails"),
@@ -193,7 +197,7 @@ def _scenarios() -> dict[str, SlotModel]:
 
 
 #: The slot scenarios: no real-vs-empty mismatch (the 0.5B's prior); the 0.5B's and the 1.5B's fitted prior and
-#: mismatch; a last-digit-shared mismatch; twelve labels tied at a floor (0.5B prior). Issue 22's shapes of
+#: mismatch; a last-digit-shared mismatch; all but the top 8 labels tied at a floor (0.5B prior). Issue 22's shapes of
 #: real traffic, on the 0.5B's prior unless said: each list's noise scaled by exp(N(0, .5)) and exp(N(0, 1));
 #: Student-t noise with 3 degrees of freedom; list-level slot effects shared by every reading of a list (the
 #: 0.5B's fitted ``shared_slots``, SD .36, with its fitted fresh noise, .21, in place of the whole real-prompt
