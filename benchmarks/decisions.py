@@ -18,7 +18,7 @@ command writes ``benchmarks/results/decisions.md`` and ``.json``::
 
     python benchmarks/decisions.py --data ../shared/data/trec-dl19-passage --draws 2000
 
-``--rule query`` runs the experimental rule ``guard="query"`` (``capcal_integrations/query_contrast.py``) instead:
+``--rule query`` runs the default rule ``guard="query"`` (``capcal_integrations/query_contrast.py``) instead:
 each query's list is read in the same four orders with the query and again query-free (eight readings, the
 query-free prompts with their own noise, the list's shared slot effects the same in all eight), and the test runs
 on what the query adds. What a query-free prompt shows the testbed's model: a relevance reader's grades become 0
@@ -243,7 +243,7 @@ def report(rows: list[dict], meta: dict) -> str:
         title = "# The content check's decisions on the testbed"
         test = "(`capcal_integrations/contrast.py`)"
     else:
-        title = f"# The {rule!r} rule's decisions on the testbed (guard=\"{rule}\", experimental)"
+        title = f"# The {rule!r} rule's decisions on the testbed (guard=\"{rule}\", the default)"
         test = (f"on what the query adds (`capcal_integrations/query_contrast.py`: each list read in the four orders "
                 f"with the query and again query-free, eight readings a query; \"reads\" needs the alignment e-value at "
                 f"{align_e:g})")

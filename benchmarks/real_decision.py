@@ -1,6 +1,6 @@
 """The content check on a real model: its decision on a real collection, and how it depends on the query order.
 
-Runs the library's default (``guard="content"``, ``check_wait=True`` so that the readings are taken in
+Runs the content rule (``guard="content"``, the default before issue 22; ``check_wait=True`` so that the readings are taken in
 query order and every list after the decision is ranked by it) over the first ``--queries`` lists of a
 collection (top 20 of BM25), and reads the queries after the decision too (the same four first-step
 readings and the empty prompt's, :func:`capcal_integrations.decoding.check_readings`), so that the
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> dict:
     data = load_dataset(args.data)
     grades = data.grades()
     topics = data.topics[args.start:args.queries]
-    options = dict(check_wait=True, **{k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in args.set)})
+    options = dict(check_wait=True, guard="content", **{k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in args.set)})
     start = time.perf_counter()
     with endpoint(args.base_url, args.model) as ep:
         rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, **options)

@@ -120,7 +120,7 @@ def main() -> int:
     ap.add_argument("--lists", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results/testbed (issue 17's cells) or results/testbed-traffic (default)")
-    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "query"),  # query: opt-in
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "content"),  # content: opt-in
                     help=f"of {', '.join(METHODS)}")
     ap.add_argument("--fresh", action="store_true", help="recompute cells already in the JSON")
     ap.add_argument("--real", metavar="URL_OR_MODEL", help="instead: the default's decision on a real endpoint (a URL, "

@@ -1,4 +1,4 @@
-"""The experimental content rule ``guard="query"`` (query_contrast.py): each order of a query's list read again
+"""The default content rule ``guard="query"`` (query_contrast.py): each order of a query's list read again
 without the query, the test run on what the query adds. On the testbed's model (seeded, fast) and through the
 library on the fake and simulated endpoints."""
 

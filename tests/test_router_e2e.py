@@ -37,7 +37,7 @@ LISTS = [
     ("when was the eiffel tower built", ["Bananas grow in tropical climates.", "The tower opened in 1889.",
                                          "Gustave Eiffel's company built it for the World's Fair.", "Rain is water."]),
 ]
-# one decoding step: the fewest requests that still use every route; no content check (guard="content"
+# one decoding step: the fewest requests that still use every route; no content check (the default rule
 # decides once per reranker from the lists it ranked first, so two rerankers could differ by their history)
 METHOD = dict(method="first-token-capcal", guard=None)
 

@@ -48,14 +48,14 @@ class BenchList:
 
 
 #: Methods measured, as ranking options (``None``: the first-stage order). ``default`` is whatever the
-#: default options do (the per-list guard measured here before issue 25 was retired).
+#: default options do (the query-free content rule since issue 22; the per-list guard before issue 25).
 METHODS: dict[str, dict[str, Any] | None] = {
     "bm25": None,
     "vanilla": {"method": "vanilla"},
     "capcal-adaptive": {"method": "capcal", "alpha": "adaptive", "guard": None},
     "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None},
     "default": {"check_wait": True},
-    "query": {"check_wait": True, "guard": "query"},  # the experimental query-free rule (rules.py)
+    "content": {"check_wait": True, "guard": "content"},  # the content rule (the default before issue 22)
     "capcal-chosen": {"method": "capcal", "alpha": "chosen", "guard": None},
 }
 #: ``alpha="chosen"`` (``capcal-chosen``): the strength the default's content check chose on its first lists

@@ -10,7 +10,7 @@ constrained decoding, calibration, the errors) runs against it, and every rankin
 with the fields of a real one. What you do not get: judgement. The fake model's next-token
 log-probabilities are pseudo-random, deterministic in the prompt; it reads nothing, so test *that* your
 pipeline reranks and what it does with the result, not *how well*. Pass ``guard=None`` (calibrate
-unconditionally): with the default ``guard="content"`` the content check would, rightly, keep the given
+unconditionally): with the default ``guard="query"`` the content check would, rightly, keep the given
 order while it decides whether this model reads.
 
 The dialects it speaks (each the shape the library's tests check against the real server):
