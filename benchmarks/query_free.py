@@ -28,6 +28,7 @@ Writes ``benchmarks/results/query-free-<model>.md`` and ``.json`` (every query-f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import pathlib
@@ -37,10 +38,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from capcal_integrations import CapCalReranker  # noqa: E402
+from capcal_integrations import CapCalReranker, rules  # noqa: E402
 from capcal_integrations.contrast import (  # noqa: E402
     CAP,
-    Evidence,
     Reading,
     agreement,
     alignment,
@@ -152,9 +152,9 @@ def _mean(xs: list[float]) -> float:
 
 
 #: The rules replayed: (label, summary of one query's eight readings, align_e).
-RULES = (("content (default, align_e 20)", lambda r: summary(Reading(r.slots[:4])), 20.0),
-         ("query, align_e 0", query_summary, 0.0), ("query, align_e 2", query_summary, 2.0),
-         ("query, align_e 20", query_summary, 20.0))
+RULES = (("content (align_e 20)", "content", lambda r: summary(Reading(r.slots[:4])), 20.0),
+         ("query (the default; align_e 0)", "query", query_summary, 0.0),
+         ("query, align_e 2", "query", query_summary, 2.0), ("query, align_e 20", "query", query_summary, 20.0))
 
 
 def decisions(rows: list[dict], orders: int, seed: int = 0) -> list[tuple[str, str, dict[str, int]]]:
@@ -163,11 +163,11 @@ def decisions(rows: list[dict], orders: int, seed: int = 0) -> list[tuple[str, s
 
     readings = [Reading((*map(tuple, r["with_query"]), *map(tuple, r["free"]))) for r in rows]
     out = []
-    for label, summarise, align_e in RULES:
+    for label, rule, summarise, align_e in RULES:
         facts_of = [summarise(r) for r in readings]
 
-        def decide(sequence: list[tuple[float, float, int]], align_e: float = align_e) -> str:
-            evidence = Evidence(cap=CAP, align_e=align_e)
+        def decide(sequence: list[tuple[float, float, int]], rule: str = rule, align_e: float = align_e) -> str:
+            evidence = dataclasses.replace(rules.rule_named(rule).evidence(CAP), align_e=align_e)  # the rule's own test
             for f in sequence:
                 if evidence.add(*f) is not None:
                     return f"{evidence.verdict} after {evidence.queries}"

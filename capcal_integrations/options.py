@@ -98,8 +98,8 @@ class Options:
         "preferences of its own cancel; docs/content-check.md). 'content': the four orders with the query only (half "
         "the deciding prompts; passes a model with consistent preferences that lean the retriever's way). None: always "
         "calibrate. A number (the retired per-list guard) is read as 'query', with a FutureWarning.", parse_guard)
-    check_lists: int = _option(40, "The most queries the content check reads (guard='query' or 'content'); a check still undecided "
-                               "then says 'does not read (undecided)'.", parse_int)
+    check_lists: int = _option(40, "The most queries the content check reads (guard='query' or 'content'); a check "
+                               "still undecided then says 'does not read (undecided)'.", parse_int)
     check_wait: bool = _option(False, "Take the content check's readings inside the ranking (the list waits for them, "
                                "and is ranked by the decision if it decides) instead of in the background: for batch jobs "
                                "that want every list ranked by a decision taken in input order.", parse_bool)

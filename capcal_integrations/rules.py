@@ -37,7 +37,8 @@ from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, readin
 from .errors import InputError
 from .parsers import is_finite
 
-__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBDAS", "QUERY_BET_PAIRS", "rule_named", "guard_value"]
+__all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBDAS", "QUERY_BET_PAIRS", "rule_named",
+           "guard_value"]
 
 #: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.contrast.ALIGN_E`):
 #: none; a model's own taste cancels in what the query adds (``benchmarks/results/decisions-query.md``).
