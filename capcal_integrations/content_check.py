@@ -7,20 +7,21 @@ model and of how it is read (prompt, identifiers, placeholder, probabilities), n
 decided once, over the queries ranked, and cached on the endpoint state (:func:`decision_key`).
 
 **The rule** is the one ``guard`` names (:mod:`.rules`: where a content rule plugs in); this module keeps its
-state per key. **The default rule's statistic and decision** (:mod:`.contrast`): each query's list (its top window, 4 passages or
-more) is read at the first step in four orders; the agreement of two slot-free estimates of the same
-content differences is the query's score, and a sequential test over the queries says "reads" or
-"does not read" as soon as the evidence is strong either way (false "reads" at most 1 %, at any
-number of looks), or "does not read (undecided)" after ``check_lists`` queries.
+state per key. **The default rule** (:mod:`.query_contrast`): each query's list (its top window, 4 passages or
+more) is read at the first step in four orders, with the query and without it; the agreement of two slot-free
+estimates of what the query adds to the same passage pairs is the query's score, and a sequential test over the
+queries (:class:`~.contrast.Evidence`) says "reads" or "does not read" as soon as the evidence is strong either
+way (false "reads" at most 1 %, at any number of looks), or "does not read (undecided)" after ``check_lists``
+queries.
 
 **While undecided** every list keeps its given order (with a note): a model that does not read never
 pays in quality. The readings are taken off the request path: the reranker hands a :class:`Pending`
 reading to a background runner (at most one in flight per check; see :mod:`.reranker`), or, with
 ``check_wait=True`` (batch jobs), the ranking takes them itself before it is ranked.
 
-**What it cannot see**: it is label-free, so any preference that follows the passages passes it, whether
-it is relevance or not (length, style, a keyword). It says "the model ranks by the passages", not "by
-their relevance".
+**What it cannot see**: it is label-free, so any preference the query creates passes it, whether it is
+relevance or not (matching the query's words, as BM25 does). It says "the query moves the model's ranking",
+not "toward relevance".
 
 The decision, its cache on the endpoint state and the verdict per list; no I/O.
 """

@@ -5,7 +5,8 @@ choices of ``alpha`` use that: :func:`choose` ranks each query's list as read in
 content check's four readings, :mod:`.contrast`; or ``choose_alpha``'s random shuffles, :mod:`.tuning`)
 at every strength of the grid, maps each ranking back to the passages, and keeps the strength whose
 rankings agree most (mean Kendall tau over the pairs of readings, averaged over the queries); among
-equally agreeing strengths the one nearest 1 (:func:`pick`). Pure functions; no I/O.
+equally agreeing strengths the one nearest 1 (:func:`pick`), and 1 unless the best beats it by :data:`MARGIN`
+standard errors over the queries. Pure functions; no I/O.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from typing import TypeVar
 from .calibration import calibrated
 from .orders import mean_pairwise_tau, order_of_scores
 
-__all__ = ["ALPHAS", "pick", "choose", "agreement_of", "implied_order"]
+__all__ = ["ALPHAS", "MARGIN", "pick", "choose", "agreement_of", "implied_order"]
 
 #: The strengths tried (0 = no calibration).
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+#: A strength other than 1 is chosen only where its agreement beats 1's by more than this many standard errors
+#: (paired over the queries; 0: the highest agreement wins). On the testbed the query rule decides after ~9 queries,
+#: and the best-agreeing strength of so few lost up to .043 nDCG@10 to CapCal at 1 after the decision; with 2, every
+#: fixed-shape cell is within .01 of the best fixed method (``benchmarks/results/testbed-query-margin.md``).
+MARGIN = 2.0
 
 View = TypeVar("View")
 
@@ -45,11 +51,16 @@ def choose(queries: Sequence[Sequence[tuple[Sequence[int], View]]], order_of: Ca
     >>> choose(views, lambda p, a: order_of_scores(p), alphas=(0.0, 1.0))
     (1.0, {0.0: 1.0, 1.0: 1.0})
     """
-    curve = {}
-    for alpha in alphas:
-        taus = [agreement_of(readings, order_of, alpha) for readings in queries]
-        curve[float(alpha)] = math.fsum(taus) / len(taus)
-    return pick(curve), curve
+    taus = {float(alpha): [agreement_of(readings, order_of, alpha) for readings in queries] for alpha in alphas}
+    curve = {alpha: math.fsum(t) / len(t) for alpha, t in taus.items()}
+    best = pick(curve)
+    if MARGIN and 1.0 in taus and best != 1.0 and len(queries) > 1:  # another strength must beat 1 by MARGIN SEs
+        gains = [a - b for a, b in zip(taus[best], taus[1.0])]
+        mean = math.fsum(gains) / len(gains)
+        se = math.sqrt(math.fsum((g - mean) ** 2 for g in gains) / (len(gains) - 1) / len(gains))
+        if mean <= MARGIN * se:
+            best = 1.0
+    return best, curve
 
 
 def agreement_of(readings: Sequence[tuple[Sequence[int], View]], order_of: Callable[[View, float], list[int]],

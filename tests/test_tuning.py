@@ -102,3 +102,22 @@ def test_choose_alpha_on_the_real_server(server_url):
     assert again.form == "log" and list(again.curve) == [0.0, 1.0]
     # alpha 0 does not depend on the form: the same (uncalibrated) first-step rankings, up to server drift
     assert abs(again.curve[0.0] - choice.curve[0.0]) <= 0.2
+
+
+def test_a_strength_other_than_1_must_beat_it_by_the_margin():
+    """strength.choose keeps alpha = 1 unless another strength agrees better by MARGIN standard errors over the
+    queries: consistently better on every query wins; better on average from a few disagreeing queries does not."""
+    from capcal_integrations.strength import MARGIN, choose
+
+    def query(kind: str):  # two readings of a two-passage list; "good": they agree at .5 and not at 1
+        return [([0, 1], ("first", kind)), ([1, 0], ("second", kind))]
+
+    def order_of(view, alpha):
+        which, kind = view
+        agree = (alpha == 0.5) == (kind == "good")
+        return [0, 1] if which == "first" or not agree else [1, 0]
+
+    assert MARGIN == 2.0
+    assert choose([query("good")] * 5, order_of, alphas=(0.5, 1.0)) == (0.5, {0.5: 1.0, 1.0: -1.0})
+    alpha, curve = choose([query("good"), query("good"), query("bad")], order_of, alphas=(0.5, 1.0))
+    assert curve[0.5] > curve[1.0] and alpha == 1.0  # higher on average, not by 2 standard errors
