@@ -59,7 +59,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .strength import ALPHAS, choose, implied_order
+from .strength import ALPHAS, MARGIN, choose, implied_order
 
 __all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
            "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "reading_orders", "Reading", "estimates", "agreement",
@@ -291,9 +291,10 @@ class Evidence:
 def alpha_of_readings(readings: Sequence[Reading], alphas: Sequence[float] = ALPHAS, form: str = "additive",
                  first_only: bool = False) -> tuple[float, dict[float, float]]:
     """The strength whose implied rankings of the four readings, passage by passage, agree most
-    (:func:`.strength.choose`), and that agreement per strength; 1 without an empty prompt's reading."""
+    (:func:`.strength.choose`; another than 1 only by :data:`~.strength.MARGIN` standard errors), and that
+    agreement per strength; 1 without an empty prompt's reading."""
     usable = [r for r in readings if r.empty is not None]
     if not usable:
         return 1.0, {}
     queries = [list(zip(reading_orders(len(r.empty)), ((x, r.empty) for x in r.slots))) for r in usable]
-    return choose(queries, lambda view, alpha: implied_order(*view, alpha, form, first_only), alphas)
+    return choose(queries, lambda view, alpha: implied_order(*view, alpha, form, first_only), alphas, MARGIN)

@@ -5,8 +5,8 @@ choices of ``alpha`` use that: :func:`choose` ranks each query's list as read in
 content check's four readings, :mod:`.contrast`; or ``choose_alpha``'s random shuffles, :mod:`.tuning`)
 at every strength of the grid, maps each ranking back to the passages, and keeps the strength whose
 rankings agree most (mean Kendall tau over the pairs of readings, averaged over the queries); among
-equally agreeing strengths the one nearest 1 (:func:`pick`), and 1 unless the best beats it by :data:`MARGIN`
-standard errors over the queries. Pure functions; no I/O.
+equally agreeing strengths the one nearest 1 (:func:`pick`); the content check's choice keeps 1 unless the best
+beats it by :data:`MARGIN` standard errors over the queries. Pure functions; no I/O.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ __all__ = ["ALPHAS", "MARGIN", "pick", "choose", "agreement_of", "implied_order"
 
 #: The strengths tried (0 = no calibration).
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
-#: A strength other than 1 is chosen only where its agreement beats 1's by more than this many standard errors
-#: (paired over the queries; 0: the highest agreement wins). On the testbed the query rule decides after ~9 queries,
-#: and the best-agreeing strength of so few lost up to .043 nDCG@10 to CapCal at 1 after the decision; with 2, every
-#: fixed-shape cell is within .01 of the best fixed method (``benchmarks/results/testbed-query-margin.md``).
+#: The content check's ``alpha="auto"`` chooses a strength other than 1 only where its agreement beats 1's by more
+#: than this many standard errors (paired over the queries; ``choose_alpha`` keeps the highest agreement). On the
+#: testbed the query rule decides after ~9 queries, and the best-agreeing strength of so few lost up to .043 nDCG@10
+#: to CapCal at 1 after the decision; with 2, every fixed-shape cell is within .01 of the best fixed method
+#: (``benchmarks/results/after-decision.md``).
 MARGIN = 2.0
 
 View = TypeVar("View")
@@ -42,10 +43,11 @@ def pick(curve: dict[float, float]) -> float:
 
 
 def choose(queries: Sequence[Sequence[tuple[Sequence[int], View]]], order_of: Callable[[View, float], list[int]],
-           alphas: Sequence[float] = ALPHAS) -> tuple[float, dict[float, float]]:
+           alphas: Sequence[float] = ALPHAS, margin: float = 0.0) -> tuple[float, dict[float, float]]:
     """``(alpha, curve)``: each query is its readings ``(perm, view)`` (``perm[slot]``: the passage a slot showed);
     ``order_of(view, alpha)`` ranks one reading's slots at that strength. ``curve[alpha]``: the mean over the
-    queries of the mean Kendall tau between their readings' rankings, passage by passage.
+    queries of the mean Kendall tau between their readings' rankings, passage by passage. With ``margin``, a
+    strength other than 1 must beat 1's agreement by ``margin`` standard errors (paired over the queries).
 
     >>> views = [[([0, 1], (0.6, 0.4)), ([1, 0], (0.3, 0.7))]]  # passage 0 wins in both readings
     >>> choose(views, lambda p, a: order_of_scores(p), alphas=(0.0, 1.0))
@@ -54,11 +56,11 @@ def choose(queries: Sequence[Sequence[tuple[Sequence[int], View]]], order_of: Ca
     taus = {float(alpha): [agreement_of(readings, order_of, alpha) for readings in queries] for alpha in alphas}
     curve = {alpha: math.fsum(t) / len(t) for alpha, t in taus.items()}
     best = pick(curve)
-    if MARGIN and 1.0 in taus and best != 1.0 and len(queries) > 1:  # another strength must beat 1 by MARGIN SEs
+    if margin and 1.0 in taus and best != 1.0 and len(queries) > 1:  # another strength must beat 1 by margin SEs
         gains = [a - b for a, b in zip(taus[best], taus[1.0])]
         mean = math.fsum(gains) / len(gains)
         se = math.sqrt(math.fsum((g - mean) ** 2 for g in gains) / (len(gains) - 1) / len(gains))
-        if mean <= MARGIN * se:
+        if mean <= margin * se:
             best = 1.0
     return best, curve
 

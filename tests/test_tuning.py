@@ -105,8 +105,9 @@ def test_choose_alpha_on_the_real_server(server_url):
 
 
 def test_a_strength_other_than_1_must_beat_it_by_the_margin():
-    """strength.choose keeps alpha = 1 unless another strength agrees better by MARGIN standard errors over the
-    queries: consistently better on every query wins; better on average from a few disagreeing queries does not."""
+    """With a margin (the content check's: MARGIN), strength.choose keeps alpha = 1 unless another strength agrees
+    better by that many standard errors over the queries: consistently better on every query wins; better on
+    average from a few disagreeing queries does not. Without one (choose_alpha), the highest agreement wins."""
     from capcal_integrations.strength import MARGIN, choose
 
     def query(kind: str):  # two readings of a two-passage list; "good": they agree at .5 and not at 1
@@ -118,6 +119,8 @@ def test_a_strength_other_than_1_must_beat_it_by_the_margin():
         return [0, 1] if which == "first" or not agree else [1, 0]
 
     assert MARGIN == 2.0
-    assert choose([query("good")] * 5, order_of, alphas=(0.5, 1.0)) == (0.5, {0.5: 1.0, 1.0: -1.0})
-    alpha, curve = choose([query("good"), query("good"), query("bad")], order_of, alphas=(0.5, 1.0))
+    assert choose([query("good")] * 5, order_of, (0.5, 1.0), MARGIN) == (0.5, {0.5: 1.0, 1.0: -1.0})
+    noisy = [query("good"), query("good"), query("bad")]
+    alpha, curve = choose(noisy, order_of, (0.5, 1.0), MARGIN)
     assert curve[0.5] > curve[1.0] and alpha == 1.0  # higher on average, not by 2 standard errors
+    assert choose(noisy, order_of, (0.5, 1.0))[0] == 0.5
