@@ -19,16 +19,19 @@ import pathlib
 FIXED = ("bm25", "vanilla", "capcal-adaptive", "capcal-1", "capcal-best")
 
 
+def _ndcg(path: str) -> dict[tuple, float]:
+    """nDCG@10 by (scenario, s, shape, method) of one testbed JSON."""
+    return {(r["scenario"], r["s"], r["shape"], r["method"]): r["ndcg10"]
+            for r in json.loads(pathlib.Path(path).read_text())["rows"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("every", help="a testbed JSON with the fixed methods (and their @decided rows)")
     ap.add_argument("default", help="a testbed JSON with the default's rows (the same cells and seeds)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    rows = {(r["scenario"], r["s"], r["shape"], r["method"]): r["ndcg10"]
-            for r in json.loads(pathlib.Path(a.every).read_text())["rows"]}
-    mine = {(r["scenario"], r["s"], r["shape"], r["method"]): r["ndcg10"]
-            for r in json.loads(pathlib.Path(a.default).read_text())["rows"]}
+    rows, mine = _ndcg(a.every), _ndcg(a.default)
     lines = [f"# The default after its decision against the best fixed method (`python benchmarks/after_decision.py "
              f"{a.every} {a.default}`)", "",
              "nDCG@10 on the testbed's DL19 lists, the same draws in both runs. `whole`: every list, the deciding phase "

@@ -28,7 +28,6 @@ Writes ``benchmarks/results/query-free-<model>.md`` and ``.json`` (every query-f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import pathlib
@@ -167,7 +166,8 @@ def decisions(rows: list[dict], orders: int, seed: int = 0) -> list[tuple[str, s
         facts_of = [summarise(r) for r in readings]
 
         def decide(sequence: list[tuple[float, float, int]], rule: str = rule, align_e: float = align_e) -> str:
-            evidence = dataclasses.replace(rules.rule_named(rule).evidence(CAP), align_e=align_e)  # the rule's own test
+            evidence = rules.rule_named(rule).evidence(CAP)  # the rule's own test, at this alignment threshold
+            evidence.align_e = align_e
             for f in sequence:
                 if evidence.add(*f) is not None:
                     return f"{evidence.verdict} after {evidence.queries}"
