@@ -10,7 +10,8 @@ orders with the query replaced by a placeholder (``QUERY_FREE``), the same way t
   without the query;
 * ``corr``: the correlation over slot pairs of the two content estimates (``e1 + e2``) with and without the
   query (near 1: the preferences are the same whatever the query);
-* ``agree_d`` / ``align_d``: the score and the alignment of what the query adds (``e - e_free``);
+* ``agree_d`` / ``align_d``: the score (not centred) and the alignment of what the query adds (``e - e_free``);
+  ``agree_c``: the default rule's score, centred over the list's pairs (a shift alike in every pair removed);
 * ``grades_q`` / ``grades_d``: among the slot pairs whose relevance grades differ, the share whose content
   estimate (with the query; what the query adds) prefers the better-graded passage (labels used here only to
   describe, never by the library).
@@ -45,6 +46,7 @@ from capcal_integrations.contrast import (  # noqa: E402
     alignment,
     estimates,
     reading_orders,
+    share,
     summary,
 )
 from capcal_integrations.options import Options  # noqa: E402
@@ -73,7 +75,7 @@ def follows(content: list[float], g: list[int]) -> tuple[int, int]:
 def facts(with_query: Reading, free: Reading, g: list[int]) -> dict:
     both = Reading((*with_query.slots, *free.slots))  # the query rule's eight readings
     cq, cf, cd = ([a + b for a, b in zip(*pair)] for pair in (estimates(with_query), estimates(free), differences(both)))
-    agree_d, align_d, _ = query_summary(both)
+    agree_d, align_d, _ = uncentred(both)
     return {"agree_q": agreement(with_query), "agree_free": agreement(free), "corr": pearson(cq, cf),
             "agree_d": agree_d, "align_d": align_d, "align_q": alignment(with_query),
             "grades_q": follows(cq, g), "grades_d": follows(cd, g)}
@@ -88,7 +90,11 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--replay", action="store_true", help="only the decisions, from the saved readings")
     ap.add_argument("--orders", type=int, default=500)
+    ap.add_argument("--fixture", action="store_true", help="write tests/fixtures/query-effects.json from both models' "
+                    "saved readings (what the query adds, per slot pair: tests/test_query_rule.py replays it)")
     args = ap.parse_args()
+    if args.fixture:
+        return write_fixture()
     out = pathlib.Path(args.out or HERE / "results" / f"query-free-{args.model}")
     if args.replay:
         done = json.loads(pathlib.Path(f"{out}.json").read_text())
@@ -109,7 +115,8 @@ def main() -> int:
     first_token = "method=first-token" in note
     options = {} if first_token else {k: Options.parse(k, v) for k, v in (s.split("=", 1) for s in saved["options"])}
     lists = {b.query: b for b in bench_lists(args.data)}
-    rows = json.loads(pathlib.Path(f"{out}.json").read_text())["rows"][:args.start] if args.start else []
+    before = json.loads(pathlib.Path(f"{out}.json").read_text()) if args.start else {"rows": [], "drift": math.nan}
+    rows = before["rows"][:args.start]
     start = time.perf_counter()
     with endpoint(None, args.model) as ep:
         rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, timeout=900, guard=None,
@@ -124,14 +131,20 @@ def main() -> int:
             return reading
 
         rr.capabilities()
-        drift = float("nan")
-        for k, row in enumerate(saved["rows"][:args.queries]):
+        drift = before["drift"]
+        # past the saved readings (the 1.5B's first 20), both readings are taken here, in the collection's order
+        rows_in = saved["rows"] + [{"qid": str(k), "query": b.query, "reading": None}
+                                   for k, b in enumerate(lists.values()) if k >= len(saved["rows"])]
+        for k, row in enumerate(rows_in[:args.queries]):
             if k < args.start:
                 continue
             b = lists[row["query"]]
             texts = list(b.passages)
-            with_query = Reading(tuple(tuple(s) for s in row["reading"]["slots"]))
-            if k == args.start:  # the saved reading is what this script reads
+            with_query = (Reading(tuple(tuple(s) for s in row["reading"]["slots"])) if row["reading"] is not None
+                          else read(row["query"], texts))
+            if row["reading"] is None and k == args.start:
+                print("read with and without the query on this machine (past the saved readings)", file=sys.stderr)
+            elif k == args.start:  # the saved reading is what this script reads
                 again = read(row["query"], texts)
                 drift = max(abs((x - again.slots[0][0]) - (y - with_query.slots[0][0]))
                             for x, y in zip(again.slots[0], with_query.slots[0]))
@@ -146,13 +159,34 @@ def main() -> int:
     return 0
 
 
+def write_fixture() -> int:
+    """Both packaged models' ``(d1, d2)`` per DL19 query, in the collection's order (4 decimals)."""
+    effects = {}
+    for model in ("0.5b", "1.5b"):
+        rows = json.loads((HERE / "results" / f"query-free-{model}.json").read_text())["rows"]
+        effects[model] = [[[round(x, 4) for x in d] for d in differences(Reading((*map(tuple, r["with_query"]),
+                                                                                 *map(tuple, r["free"]))))]
+                          for r in rows]
+    target = HERE.parent / "tests" / "fixtures" / "query-effects.json"
+    target.write_text(json.dumps(effects, separators=(",", ":")) + "\n")
+    print(f"wrote {target} ({', '.join(f'{m}: {len(v)} queries' for m, v in effects.items())})")
+    return 0
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def uncentred(reading: Reading) -> tuple[float, float, int]:
+    """The query rule's summary before its score was centred over the list's pairs (``query_contrast.scores``)."""
+    d1, d2 = differences(reading)
+    return share([x * y for x, y in zip(d1, d2)]), share([x + y for x, y in zip(d1, d2)]), len(d1)
+
+
 #: The rules replayed: (label, summary of one query's eight readings, align_e).
 RULES = (("content (align_e 20)", "content", lambda r: summary(Reading(r.slots[:4])), 20.0),
-         ("query (the default; align_e 0)", "query", query_summary, 0.0),
+         ("query, not centred (the default before; align_e 0)", "query", uncentred, 0.0),
+         ("query (the default: centred; align_e 0)", "query", query_summary, 0.0),
          ("query, align_e 2", "query", query_summary, 2.0), ("query, align_e 20", "query", query_summary, 20.0))
 
 
@@ -190,15 +224,17 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict], drift:
              f"`python benchmarks/query_free.py --model {args.model} --queries {args.queries}` ({len(rows)} DL19 queries "
              f"read, {seconds:.0f} s; the saved reading of the first query read again differs by at most {drift:.1e}). "
              f"Query-free: the query replaced by {QUERY_FREE!r}. Columns: the module docstring.", "",
-             "| qid | agree_q | agree_free | corr | agree_d | align_q | align_d | grades_q | grades_d |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| qid | agree_q | agree_free | corr | agree_d | agree_c | align_q | align_d | grades_q | grades_d |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        r["agree_c"] = query_summary(Reading((*map(tuple, r["with_query"]), *map(tuple, r["free"]))))[0]
         lines.append(f"| {r['qid']} | {r['agree_q']:.2f} | {r['agree_free']:.2f} | {r['corr']:.2f} | {r['agree_d']:.2f} | "
+                     f"{r['agree_c']:.2f} | "
                      f"{r['align_q']:+.2f} | {r['align_d']:+.2f} | {r['grades_q'][0]}/{r['grades_q'][1]} | "
                      f"{r['grades_d'][0]}/{r['grades_d'][1]} |")
     lines += ["", f"**Means:** agree_q {_mean([r['agree_q'] for r in rows]):.2f}, agree_free "
               f"{_mean([r['agree_free'] for r in rows]):.2f}, corr {_mean([r['corr'] for r in rows]):.2f}, agree_d "
-              f"{_mean([r['agree_d'] for r in rows]):.2f}, align_q {_mean([r['align_q'] for r in rows]):+.2f}, align_d "
+              f"{_mean([r['agree_d'] for r in rows]):.2f}, agree_c {_mean([r['agree_c'] for r in rows]):.2f}, align_q {_mean([r['align_q'] for r in rows]):+.2f}, align_d "
               f"{_mean([r['align_d'] for r in rows]):+.2f}; the better-graded passage preferred in {gq[0]} of {gq[1]} "
               f"pairs with the query, {gd[0]} of {gd[1]} by what the query adds."]
     if rows and "with_query" in rows[0]:

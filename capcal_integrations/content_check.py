@@ -72,7 +72,7 @@ def decision_key(model: str, weights: str, opts: Any) -> Key:
     """
     values = {k: _name(opts.template) if k == "template" else str(getattr(opts, k)) for k in KEY_OPTIONS}
     # the content rule's keys stay as they were before there were rules (its saved decisions still apply)
-    rule = () if opts.guard in (None, "content") else (("rule", str(opts.guard)),)
+    rule = (("rule", RULES[opts.guard].key),) if opts.guard is not None and RULES[opts.guard].key else ()
     return (("model", str(model)), ("weights", str(weights)), *values.items(), *rule)
 
 

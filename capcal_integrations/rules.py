@@ -63,6 +63,9 @@ class ContentRule:
     strength: Callable[..., tuple[float, dict[float, float]]]
     min_passages: int = MIN_PASSAGES
     query_free: bool = False  # each order read again without the query (.query_contrast)
+    #: What a decision key records of the rule (``("rule", key)``; none for ``""``): a new one whenever the rule's
+    #: test changes, so that decisions saved under the old test are refused (:func:`~.content_check.decision_key`).
+    key: str = ""
 
 
 #: The content rules ``guard`` can name. ``"query"`` (the default): each query's top window read in four orders
@@ -75,7 +78,7 @@ RULES: dict[str, ContentRule] = {
     "query": ContentRule("query", reading_orders, query_contrast.summary,
                          lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS,
                                               bet_pairs=QUERY_BET_PAIRS),
-                         alpha_of_readings, query_free=True),
+                         alpha_of_readings, query_free=True, key="query-centred"),
     "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
 }
 #: The rule of ``guard``'s default (docs/content-check.md: why the query-free contrast).
