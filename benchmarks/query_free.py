@@ -234,7 +234,8 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict], drift:
                      f"{r['grades_d'][0]}/{r['grades_d'][1]} |")
     lines += ["", f"**Means:** agree_q {_mean([r['agree_q'] for r in rows]):.2f}, agree_free "
               f"{_mean([r['agree_free'] for r in rows]):.2f}, corr {_mean([r['corr'] for r in rows]):.2f}, agree_d "
-              f"{_mean([r['agree_d'] for r in rows]):.2f}, agree_c {_mean([r['agree_c'] for r in rows]):.2f}, align_q {_mean([r['align_q'] for r in rows]):+.2f}, align_d "
+              f"{_mean([r['agree_d'] for r in rows]):.2f}, agree_c "
+              f"{_mean([r['agree_c'] for r in rows]):.2f}, align_q {_mean([r['align_q'] for r in rows]):+.2f}, align_d "
               f"{_mean([r['align_d'] for r in rows]):+.2f}; the better-graded passage preferred in {gq[0]} of {gq[1]} "
               f"pairs with the query, {gd[0]} of {gd[1]} by what the query adds."]
     if rows and "with_query" in rows[0]:
