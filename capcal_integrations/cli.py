@@ -268,8 +268,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             _out(f"{'':>18}  {note}")
     if "guard" not in options_from_args(args):
         _out("\n(Calibrated whatever the model does. By default the reranker first decides, over the queries it ranks, "
-             "whether the model reads the passages at all, and keeps the BM25 order until then and for a model that "
-             "does not: see docs/content-check.md.)")
+             "whether the query changes which passages the model prefers (more than lifting BM25's top half), and "
+             "keeps the BM25 order until then and for a model it does not: see docs/content-check.md.)")
     return 0
 
 

@@ -47,8 +47,9 @@ QUERY_ALIGN_E = 0.0
 #: of fixed-shape runs instead of 86-100 %; false "reads" still at most 1 % by Ville's inequality).
 QUERY_LAMBDAS = (0.95,)
 #: Lists of fewer slot pairs than this bet proportionally less (``Evidence.bet_pairs``): a 4-passage list's two pairs
-#: score -1 often enough that a full bet loses five queries' progress (mixed lengths 3-30 at s = 1: "reads" within 12
-#: queries in 96 % of runs instead of 91 %; ``benchmarks/results/decisions-query.md``).
+#: score -1 often enough that a full bet loses five queries' progress (mixed lengths 3-30 at s = 1, the centred score:
+#: "reads" within 12 queries in 94.8 % of runs; 83 % betting alike on every list, 91 % at 3 pairs, 93 % at 8;
+#: ``benchmarks/results/decisions-query.md``).
 QUERY_BET_PAIRS = 5
 
 
@@ -70,8 +71,9 @@ class ContentRule:
 
 #: The content rules ``guard`` can name. ``"query"`` (the default): each query's top window read in four orders
 #: (:func:`~.contrast.reading_orders`) with the query and again with it replaced by a placeholder, and a sequential test
-#: over queries on what the query adds (:mod:`.query_contrast`): a model's preferences of its own, the same whatever
-#: the query, cancel (false "reads" at most 1 % at any number of looks). ``"content"``: the four orders with the query
+#: over queries on what the query adds, centred over the list's pairs (:mod:`.query_contrast`): a model's preferences
+#: of its own, the same whatever the query, cancel, and so does a query effect alike in every pair (false "reads" at
+#: most 1 % at any number of looks). ``"content"``: the four orders with the query
 #: only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a model's own preferences
 #: that also delays a reader (``benchmarks/results/tradeoff.md``).
 RULES: dict[str, ContentRule] = {
