@@ -100,7 +100,8 @@ def main() -> int:
         done = json.loads(pathlib.Path(f"{out}.json").read_text())
         saved = {r["query"]: r for r in json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())["rows"]}
         for r in done["rows"]:  # runs before the replay existed saved only the query-free readings
-            r.setdefault("with_query", saved[r["query"]]["reading"]["slots"])
+            if "with_query" not in r:
+                r["with_query"] = saved[r["query"]]["reading"]["slots"]
         args.queries = len(done["rows"])
         _write(out, args, done["rows"], done["drift"], done["seconds"])
         print(pathlib.Path(f"{out}.md").read_text())
