@@ -52,6 +52,7 @@ from capcal_integrations.contrast import (  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
 from capcal_integrations.query_contrast import differences  # noqa: E402
+from capcal_integrations.query_contrast import scores as query_scores  # noqa: E402
 from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
 #: What stands in for the query: the library's own (the query rule reads the same prompts).
@@ -181,7 +182,7 @@ def _mean(xs: list[float]) -> float:
 def uncentred(reading: Reading) -> tuple[float, float, int]:
     """The query rule's summary before its score was centred over the list's pairs (``query_contrast.scores``)."""
     d1, d2 = differences(reading)
-    return share([x * y for x, y in zip(d1, d2)]), share([x + y for x, y in zip(d1, d2)]), len(d1)
+    return share([x * y for x, y in zip(d1, d2)]), *query_scores(d1, d2)[1:]
 
 
 #: The rules replayed: (label, summary of one query's eight readings, align_e).

@@ -96,9 +96,10 @@ class Options:
         "at the first step in four orders, with the query and again without it; a sequential test on what the query "
         "adds, centred over the list's passage pairs, says 'reads' or 'does not read' as soon as the evidence is strong, "
         "at most check_lists queries (a model's preferences of its own cancel, and so does a query effect alike in every "
-        "pair, such as a lift of the retriever's top half; docs/content-check.md). 'content': the four orders with the query only (half "
-        "the deciding prompts; passes a model with consistent preferences that lean the retriever's way). None: always "
-        "calibrate. A number (the retired per-list guard) is read as 'query', with a FutureWarning.", parse_guard)
+        "pair, such as a lift of the retriever's top half; docs/content-check.md). 'content': the four orders with the "
+        "query only (half the deciding prompts; passes a model with consistent preferences that lean the retriever's "
+        "way). None: always calibrate. A number (the retired per-list guard) is read as 'query', with a "
+        "FutureWarning.", parse_guard)
     check_lists: int = _option(40, "The most queries the content check reads (guard='query' or 'content'); a check "
                                "still undecided then says 'does not read (undecided)'.", parse_int)
     check_wait: bool = _option(False, "Take the content check's readings inside the ranking (the list waits for them, "

@@ -104,6 +104,15 @@ def test_short_lists_bet_less_by_their_slot_pairs():
     assert RULES["content"].evidence(40).bet_pairs == 0  # the content rule bets the same on every list
 
 
+def decided(facts):
+    """The default rule's sequential test over these queries' ``(score, alignment, pairs)``, until it decides."""
+    evidence = RULES["query"].evidence(40)
+    for f in facts:
+        if evidence.add(*f) is not None:
+            break
+    return evidence
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_a_query_effect_alike_in_every_pair_is_not_reading(seed):
     """What both packaged models' query effect looks like on DL19 (benchmarks/results/query-free-*.md): the query
@@ -117,10 +126,7 @@ def test_a_query_effect_alike_in_every_pair_is_not_reading(seed):
     reader = [eight(model, g, t, k) for k, (g, t) in enumerate(zip(GRADES, own))]
     assert abs(sum(summary(r)[0] for r in shifted) / 60) < 0.25 and sum(summary(r)[1] for r in shifted) / 60 > 0.5
     for verdict, readings in (("reads", reader), ("does not read", shifted)):
-        evidence = RULES["query"].evidence(40)
-        for r in readings:
-            if evidence.add(*summary(r)) is not None:
-                break
+        evidence = decided([summary(r) for r in readings])
         assert evidence.verdict == verdict, (evidence.verdict, evidence.queries)
 
 
@@ -137,16 +143,8 @@ def test_the_packaged_models_query_effects_do_not_read(model):
 
     effects = json.loads((pathlib.Path(__file__).parent / "fixtures" / "query-effects.json").read_text())[model]
     facts = [scores(d1, d2) for d1, d2 in effects]
-
-    def decide(sequence):
-        evidence = RULES["query"].evidence(40)
-        for f in sequence:
-            if evidence.add(*f) is not None:
-                break
-        return evidence.verdict
-
     rng = random.Random(0)
-    verdicts = [decide(rng.sample(facts, len(facts))) for _ in range(500)]
+    verdicts = [decided(rng.sample(facts, len(facts))).verdict for _ in range(500)]
     assert verdicts.count("reads") <= 5, verdicts.count("reads")
-    in_order = decide(facts)
+    in_order = decided(facts).verdict
     assert in_order == "does not read", in_order
