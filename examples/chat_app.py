@@ -46,6 +46,7 @@ from langchain_openai import ChatOpenAI
 from langchain_retriever import DATA, BM25Retriever, served_model, snippet  # the example beside this one
 
 from capcal_integrations.options import Options
+from capcal_integrations.rules import DEFAULT_RULE
 from capcal_integrations.server import EmbeddedServer, HostedGateway
 from langchain_ext import CapCalRerank
 
@@ -162,8 +163,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="answer length (default 64)")
     parser.add_argument("--conversation", action="store_true", help="eight scripted turns (p50/p95 at the end)")
     parser.add_argument("--deadline", type=float, default=None, help="seconds each reranking may take (default: none)")
-    parser.add_argument("--guard", default="content", help="the content check (default), or none: calibrate "
-                        "every turn")
+    parser.add_argument("--guard", default=DEFAULT_RULE, help=f"the content check's rule (default {DEFAULT_RULE!r}, "
+                        "the library's), 'content', or none: calibrate every turn")
     parser.add_argument("--decision", default=None, help="a saved content-check decision (its JSON file)")
     args = parser.parse_args()
     options = {"guard": Options.parse("guard", args.guard), **({"decision": args.decision} if args.decision else {})}

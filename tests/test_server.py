@@ -380,6 +380,28 @@ def test_embedded_server_stop_terminates_process() -> None:
 
 
 @pytest.mark.e2e
+def test_embedded_server_stops_promptly_with_requests_in_flight(caplog) -> None:
+    """A chat that ends while its content check still reads leaves requests in flight: the server stops in
+    seconds, without the launcher's SIGKILL and its "still running" warning (it took 10 s and warned)."""
+    import httpx
+
+    def busy(url: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(url + "/completions", json={"prompt": "once upon a time " * 50, "max_tokens": 4000,
+                                                   "ignore_eos": True}, timeout=60)
+
+    with EmbeddedServer(model=_cheap_model(), n_parallel=2, ctx_per_slot=4096) as srv:
+        clients = [threading.Thread(target=busy, args=(srv.base_url,), daemon=True) for _ in range(3)]
+        for client in clients:
+            client.start()
+        time.sleep(1.5)
+        assert all(client.is_alive() for client in clients)  # still generating when the server is stopped
+        started = time.monotonic()
+    assert time.monotonic() - started < 6
+    assert "still running" not in caplog.text
+
+
+@pytest.mark.e2e
 def test_embedded_server_reports_child_death_with_log_tail() -> None:
     model = _cheap_model()
     with socket.socket() as blocker:  # port taken (listening, never answers) -> the child cannot bind

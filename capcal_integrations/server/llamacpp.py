@@ -86,8 +86,10 @@ def serve(model: str = "0.5b", host: str = "127.0.0.1", port: int = 8080, *, n_c
                 forget_server(state)  # first: the server is about to go
         # xllamacpp.Server has no stop()/close(): dropping the only reference runs the C++ destructor,
         # which stops the HTTP listener and joins the main loop (~0.1 s). Once, with a request in flight
-        # when the parent died, it released the port and then spun for minutes: the kernel's alarm ends
-        # the process if the destructor has not returned in 15 s (it holds the GIL, so no thread could).
+        # when the parent died, it released the port and then spun for minutes, and with requests in flight
+        # (a chat's content check still reading when the chat ends) it does not return for more than 10 s: the
+        # kernel's alarm ends the process if the destructor has not returned in 3 s (it holds the GIL, so no
+        # thread could), before the launcher's SIGKILL and its warning.
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(15)
+        signal.alarm(3)
         del server
