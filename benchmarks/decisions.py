@@ -19,8 +19,9 @@ command writes ``benchmarks/results/decisions.md`` and ``.json``::
     python benchmarks/decisions.py --data ../shared/data/trec-dl19-passage --draws 2000
 
 ``--rule query`` runs the default rule ``guard="query"`` (``capcal_integrations/query_contrast.py``) instead:
-each query's list is read in the same four orders with the query and again query-free (eight readings, the
-query-free prompts with their own noise, the list's shared slot effects the same in all eight), and the test runs
+each query's list is read in the rule's orders (four; six below ten slot pairs) with the query and again query-free
+(eight or twelve readings, the query-free prompts with their own noise, the list's shared slot effects the same in
+all), and the test runs
 on what the query adds. What a query-free prompt shows the testbed's model: a relevance reader's grades become 0
 (no query to be relevant to, as the testbed's server reads a query-free prompt); a reader of its own keeps its
 preferences (they do not depend on the query); the first-stage follower (:data:`FOLLOWER`) loses its preference
@@ -48,7 +49,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import rules  # noqa: E402
-from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading, reading_orders  # noqa: E402
+from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 NULL_SCENARIOS = ("no-delta", "ties", "heavy-tails", "noise-scale-0.5", "noise-scale-1", "scale-1.5b", "shared-slots",
@@ -114,12 +115,12 @@ def list_of(shape: str, grades: list[int], rng: random.Random) -> list[int]:
 def query_summaries(scenario: str, s: float, shape: str, seed: int, all_grades: list[list[int]],
                     follower: tuple[float, float] = FOLLOWER_SHAPE, rule: str = "content"):
     """The rule's ``summary()`` of each query the check reads, in the order a decision draws them (endless). With
-    ``rule="query"`` each list is read eight times: the four orders with the query, then query-free (module
-    docstring: what the model reads without the query)."""
+    ``rule="query"`` each list is read in the rule's orders with the query, then query-free (module docstring: what
+    the model reads without the query)."""
     own = scenario in (OWN, OWN_QUERY)  # content of the model's own: a random preference per passage, not the grades
     follows = scenario in (FOLLOWER, RANK_PROXY)  # a noisy copy of the first stage's order (FOLLOWER)
     free_same = scenario in (OWN, RANK_PROXY)  # the preference is the same without the query
-    summarise = rules.rule_named(rule).summary
+    summarise, orders = rules.rule_named(rule).summary, rules.rule_named(rule).orders
     query_free = rules.rule_named(rule).query_free
     model = SCENARIOS["no-delta" if own or follows else scenario].replace(s=s, seed=seed)
     rng = random.Random(seed)
@@ -137,12 +138,12 @@ def query_summaries(scenario: str, s: float, shape: str, seed: int, all_grades: 
             continue
         keys = [f"p{k}-{i}" for i in range(n)]
         slots = tuple(tuple(model.logits([g[i] for i in order], f"q{k} r{r}", [keys[i] for i in order], list_key=f"q{k}"))
-                      for r, order in enumerate(reading_orders(n)))
+                      for r, order in enumerate(orders(n)))
         if query_free:  # the same orders, the query replaced: other prompts (fresh noise), the same list
             free = g if free_same else [0.0] * n
             slots += tuple(tuple(model.logits([free[i] for i in order], f"q{k} free r{r}", [keys[i] for i in order],
                                               list_key=f"q{k}"))
-                           for r, order in enumerate(reading_orders(n)))
+                           for r, order in enumerate(orders(n)))
         yield summarise(Reading(slots))
 
 
@@ -244,9 +245,9 @@ def report(rows: list[dict], meta: dict) -> str:
         test = "(`capcal_integrations/contrast.py`)"
     else:
         title = f"# The {rule!r} rule's decisions on the testbed (guard=\"{rule}\", the default)"
-        test = (f"on what the query adds (`capcal_integrations/query_contrast.py`: each list read in the four orders "
-                f"with the query and again query-free, eight readings a query; \"reads\" needs the alignment e-value at "
-                f"{align_e:g})")
+        test = (f"on what the query adds (`capcal_integrations/query_contrast.py`: each list read in four orders "
+                f"(six below ten slot pairs) with the query and again query-free, eight or twelve readings a query, each "
+                f"query's e-value from the signs of its estimates; \"reads\" needs the alignment e-value at {align_e:g})")
     lines = [title, "",
              f"`{meta['command']}` ({meta['seconds']:.0f} s, {meta['when']}). Data: {meta['data']} "
              f"({meta['queries']} queries, grades from its qrels). Each decision runs the library's sequential test "
@@ -256,7 +257,7 @@ def report(rows: list[dict], meta: dict) -> str:
                   "to be relevant to); a reader of its own keeps its preferences; the first-stage follower loses its "
                   "preference (query-dependent, like lexical matching); the rank proxy keeps it (a passage property, "
                   "such as length, that correlates with the first stage's rank). Query-free prompts get their own "
-                  "noise; a list's shared slot effects are the same in all eight readings.", ""]
+                  "noise; a list's shared slot effects are the same in all of its readings.", ""]
     lines += ["## Without content (s = 0): false \"reads\"", "",
               "Goal: at most 1 %, with the exact 95 % upper bound at most 1.5 %.", "",
               "| scenario | shape | decisions | reads | rate | 95 % upper | does not read | undecided (cap) | median queries |",

@@ -52,7 +52,6 @@ from capcal_integrations.contrast import (  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
 from capcal_integrations.query_contrast import differences  # noqa: E402
-from capcal_integrations.query_contrast import scores as query_scores  # noqa: E402
 from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
 #: What stands in for the query: the library's own (the query rule reads the same prompts).
@@ -180,15 +179,18 @@ def _mean(xs: list[float]) -> float:
 
 
 def uncentred(reading: Reading) -> tuple[float, float, int]:
-    """The query rule's summary before its score was centred over the list's pairs (``query_contrast.scores``)."""
-    d1, d2 = differences(reading)
-    return share([x * y for x, y in zip(d1, d2)]), *query_scores(d1, d2)[1:]
+    """The query rule's summary before its score was centred over the list's pairs (betting on the score)."""
+    d1, d2 = differences(reading)[:2]
+    return share([x * y for x, y in zip(d1, d2)]), share([x + y for x, y in zip(d1, d2)]), len(d1)
 
 
-#: The rules replayed: (label, summary of one query's eight readings, align_e).
+#: The rules replayed: (label, summary of one query's readings, align_e). A summary of three values bets on the score
+#: (the query rule before its e-value from the estimates' signs); of four, multiplies by the query's e-value.
 RULES = (("content (align_e 20)", "content", lambda r: summary(Reading(r.slots[:4])), 20.0),
-         ("query, not centred (the default before; align_e 0)", "query", uncentred, 0.0),
-         ("query (the default: centred; align_e 0)", "query", query_summary, 0.0),
+         ("query, not centred, betting on the score (align_e 0)", "query", uncentred, 0.0),
+         ("query, centred, betting on the score (the default before; align_e 0)", "query",
+          lambda r: query_summary(r)[:3], 0.0),
+         ("query (the default: the e-value of the estimates' signs; align_e 0)", "query", query_summary, 0.0),
          ("query, align_e 2", "query", query_summary, 2.0), ("query, align_e 20", "query", query_summary, 20.0))
 
 
@@ -201,7 +203,7 @@ def decisions(rows: list[dict], orders: int, seed: int = 0) -> list[tuple[str, s
     for label, rule, summarise, align_e in RULES:
         facts_of = [summarise(r) for r in readings]
 
-        def decide(sequence: list[tuple[float, float, int]], rule: str = rule, align_e: float = align_e) -> str:
+        def decide(sequence: list[tuple], rule: str = rule, align_e: float = align_e) -> str:
             evidence = rules.rule_named(rule).evidence(CAP)  # the rule's own test, at this alignment threshold
             evidence.align_e = align_e
             for f in sequence:

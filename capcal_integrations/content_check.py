@@ -200,12 +200,12 @@ class ContentCheck:
 
     def add(self, reading: Reading, form: str = "additive") -> ContentDecision | None:
         """Pool one query's readings; the decision once there is one (computed here: call it off an event loop)."""
-        score, aligned, pairs = self.rule.summary(reading)
+        facts = self.rule.summary(reading)
         with self._lock:
             if self.decision is not None:
                 return self.decision
             self.readings.append(reading)
-            verdict = self.evidence.add(score, aligned, pairs)
+            verdict = self.evidence.add(*facts)
             if verdict is None:
                 return None
             readings = list(self.readings)

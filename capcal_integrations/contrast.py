@@ -129,9 +129,9 @@ class Reading:
 
     def __post_init__(self) -> None:
         n = len(self.slots[0]) if self.slots else 0
-        if len(self.slots) not in (4, 8) or n < MIN_PASSAGES or any(len(s) != n for s in self.slots):
-            raise ValueError(f"a reading is four vectors (eight for the query-free contrast, .query_contrast) of one "
-                             f"length >= {MIN_PASSAGES}, got {[len(s) for s in self.slots]}")
+        if len(self.slots) not in (4, 6, 8, 12) or n < MIN_PASSAGES or any(len(s) != n for s in self.slots):
+            raise ValueError(f"a reading is four vectors (eight or twelve for the query-free contrast, .query_contrast) "
+                             f"of one length >= {MIN_PASSAGES}, got {[len(s) for s in self.slots]}")
 
 
 def estimates(reading: Reading) -> tuple[list[float], list[float]]:
@@ -261,9 +261,12 @@ class Evidence:
         """The e-value against "the mean alignment is at least :data:`ALIGN_EFFECT`"."""
         return math.fsum(self._against) / len(self._against)
 
-    def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS) -> str | None:
+    def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS, e: float | None = None
+            ) -> str | None:
         """Pool one query's score (and its :func:`alignment`, from a list of ``pairs`` slot pairs); the verdict
-        once there is one (later scores are ignored)."""
+        once there is one (later scores are ignored). A rule that computes the query's own e-value against "no
+        content signal" (mean at most 1 without it: :func:`.query_contrast.judge`) passes it as ``e``; the
+        "reads" side then multiplies by it instead of betting on the score."""
         if self.verdict is not None:
             return self.verdict
         x = max(-1.0, min(1.0, float(score)))
@@ -277,7 +280,8 @@ class Evidence:
             self._along = [k * (1.0 + size * lam * a) for k, lam in zip(self._along, ALIGN_LAMBDAS)]
         bet = min(1.0, max(1, pairs) / self.bet_pairs) if self.bet_pairs else 1.0  # known before the score: predictable
         scale = bet / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
-        self._reads = [k * (1.0 + bet * lam * x) for k, lam in zip(self._reads, self.lambdas)]
+        self._reads = ([k * max(0.0, float(e)) for k in self._reads] if e is not None
+                       else [k * (1.0 + bet * lam * x) for k, lam in zip(self._reads, self.lambdas)])
         self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, self.lambdas)]
         if self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e:
             self.verdict = "reads"

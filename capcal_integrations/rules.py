@@ -43,13 +43,11 @@ __all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBD
 #: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.contrast.ALIGN_E`):
 #: none; a model's own taste cancels in what the query adds (``benchmarks/results/decisions-query.md``).
 QUERY_ALIGN_E = 0.0
-#: Its betting fraction: one bold bet instead of the content rule's mixture (within 12 queries at s = 1 in 97.5-100 %
-#: of fixed-shape runs instead of 86-100 %; false "reads" still at most 1 % by Ville's inequality).
+#: Its betting fraction on "does not read" (the "reads" side multiplies each query's own e-value:
+#: :func:`~.query_contrast.judge`).
 QUERY_LAMBDAS = (0.95,)
-#: Lists of fewer slot pairs than this bet proportionally less (``Evidence.bet_pairs``): a 4-passage list's two pairs
-#: score -1 often enough that a full bet loses five queries' progress (mixed lengths 3-30 at s = 1, the centred score:
-#: "reads" within 12 queries in 94.8 % of runs; 83 % betting alike on every list, 91 % at 3 pairs, 93 % at 8;
-#: ``benchmarks/results/decisions-query.md``).
+#: Lists of fewer slot pairs than this bet proportionally less on "does not read" (``Evidence.bet_pairs``): a
+#: 4-passage list's score is one sign.
 QUERY_BET_PAIRS = 5
 
 
@@ -69,18 +67,19 @@ class ContentRule:
     key: str = ""
 
 
-#: The content rules ``guard`` can name. ``"query"`` (the default): each query's top window read in four orders
-#: (:func:`~.contrast.reading_orders`) with the query and again with it replaced by a placeholder, and a sequential test
-#: over queries on what the query adds, centred over the list's pairs (:mod:`.query_contrast`): a model's preferences
-#: of its own, the same whatever the query, cancel, and so does a query effect alike in every pair (false "reads" at
-#: most 1 % at any number of looks). ``"content"``: the four orders with the query
+#: The content rules ``guard`` can name. ``"query"`` (the default): each query's top window read in four orders (six
+#: below ten slot pairs: :func:`~.query_contrast.reading_orders`) with the query and again with it replaced by a
+#: placeholder, and a sequential test over queries on what the query adds, centred over the list's pairs, each
+#: query's e-value from the signs of its estimates (:mod:`.query_contrast`): a model's preferences of its own, the
+#: same whatever the query, cancel, and so does a query effect alike in every pair (false "reads" at most 1 % at
+#: any number of looks). ``"content"``: the four orders with the query
 #: only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a model's own preferences
 #: that also delays a reader (``benchmarks/results/tradeoff.md``).
 RULES: dict[str, ContentRule] = {
-    "query": ContentRule("query", reading_orders, query_contrast.summary,
+    "query": ContentRule("query", query_contrast.reading_orders, query_contrast.summary,
                          lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS,
                                               bet_pairs=QUERY_BET_PAIRS),
-                         alpha_of_readings, query_free=True, key="query-centred"),
+                         alpha_of_readings, query_free=True, key="query-flips"),
     "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
 }
 #: The rule of ``guard``'s default (docs/content-check.md: why the query-free contrast).

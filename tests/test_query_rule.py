@@ -9,10 +9,10 @@ import random
 import pytest
 
 from capcal_integrations.content_check import decision_key
-from capcal_integrations.contrast import Evidence, Reading, agreement, reading_orders
+from capcal_integrations.contrast import Evidence, Reading, agreement
 from capcal_integrations.options import Options
 from capcal_integrations.prompts import QUERY_PLACEHOLDER
-from capcal_integrations.query_contrast import split, summary
+from capcal_integrations.query_contrast import judge, reading_orders, split, summary
 from capcal_integrations.rules import RULES
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 from tests.fake_endpoint import split_prompt
@@ -21,8 +21,8 @@ from tests.test_release_and_guard import completion_prompts, reranker
 
 
 def eight(model, grades, own, k):
-    """One query's eight readings: the four orders with the query (content ``grades`` plus the model's own taste
-    ``own``) and the four without it (its own taste only: no query to be relevant to)."""
+    """One query's readings: the rule's orders with the query (content ``grades`` plus the model's own taste
+    ``own``) and without it (its own taste only: no query to be relevant to); eight for a list of 20 or more."""
     n = len(grades)
     keys = [f"p{k}-{i}" for i in range(n)]
 
@@ -53,14 +53,15 @@ def test_a_taste_of_the_models_own_cancels_and_relevance_remains(seed):
         assert (evidence.verdict == "reads") == (verdict == "reads"), (evidence.verdict, evidence.queries)
 
 
-def test_a_reading_of_the_rule_is_eight_vectors():
+def test_a_reading_of_the_rule_is_eight_or_twelve_vectors():
     four = Reading(((0.0, 1.0, 2.0, 3.0),) * 4)
-    with pytest.raises(ValueError, match="eight readings"):
+    with pytest.raises(ValueError, match="eight or twelve readings"):
         split(four)
     with pytest.raises(ValueError, match="four vectors"):
-        Reading(((0.0,) * 4,) * 6)
+        Reading(((0.0,) * 4,) * 5)
     with_query, free = split(Reading((*four.slots, *((1.0, 1.0, 1.0, 1.0),) * 4)))
     assert with_query.slots == four.slots and free.slots == ((1.0,) * 4,) * 4
+    assert [len(reading_orders(n)) for n in (4, 5, 19, 20, 30)] == [6, 6, 6, 4, 4]  # a third pair below 10 slot pairs
 
 
 def test_the_query_free_readings_show_no_query_text():
@@ -70,9 +71,10 @@ def test_the_query_free_readings_show_no_query_text():
     assert ranking.checked == (0,)
     heads = {split_prompt(p)[0] for p in completion_prompts(calls)}  # each prompt once (asked with several prefixes)
     free = [h for h in heads if QUERY_PLACEHOLDER in h]
-    # the four orders with the query and the four without it (the empty prompt keeps the query)
-    assert len(free) == 4 and not any("secret query" in h for h in free)
-    assert len([h for h in heads if "secret query" in h and "passage 0" in h]) == 4
+    # six passages (three slot pairs): the six orders with the query and the six without it (the empty prompt keeps
+    # the query)
+    assert len(free) == 6 and not any("secret query" in h for h in free)
+    assert len([h for h in heads if "secret query" in h and "passage 0" in h]) == 6
     assert RULES["query"].query_free and not RULES["content"].query_free
 
 
@@ -81,27 +83,49 @@ def test_the_rule_decides_through_the_library_and_has_its_own_key():
     reads = simulated_endpoint(data, s=2.0, seed=0).reranker(check_wait=True, guard="query")
     rank_until_decided(reads, data)
     decision = reads.content_decision()
-    assert decision is not None and decision.reads and ("rule", "query-centred") in decision.key
-    assert all(len(r.slots) == 8 for r in next(iter(reads._state.content.values())).readings)
+    assert decision is not None and decision.reads and ("rule", "query-flips") in decision.key
+    assert all(len(r.slots) == 12 for r in next(iter(reads._state.content.values())).readings)  # 12 passages: 3 pairs of orders
     taste = simulated_endpoint(data, s=0.0, preference=2.0, seed=0).reranker(check_wait=True, guard="query")
     rank_until_decided(taste, data)
     assert taste.content_decision() is None or not taste.content_decision().reads
     default, content = dict(decision_key("m", "w", Options())), dict(decision_key("m", "w", Options(guard="content")))
-    assert default["rule"] == "query-centred"  # the default: its own decisions, not the content rule's saved ones
+    assert default["rule"] == "query-flips"  # the default: its own decisions, not the content rule's saved ones
     assert "rule" not in content  # the content rule's keys (and saved decisions) stay as they were
 
 
-def test_short_lists_bet_less_by_their_slot_pairs():
-    """The query rule's bets shrink below QUERY_BET_PAIRS slot pairs: a 4-passage list scoring -1 costs a
-    fraction of the evidence, not 95 % of it; a full list bets in full."""
-    from capcal_integrations.rules import QUERY_BET_PAIRS, RULES
+@pytest.mark.parametrize("n", [4, 7, 20, 30])
+def test_a_querys_e_value_has_mean_one_over_the_sign_flips(n):
+    """Without a query effect each estimate of what the query adds is as likely as its negative, independently:
+    the e-value averaged over every sign pattern of the estimates is exactly 1, whatever their sizes (the rule's
+    false "reads" at most 1 % rests on this). Short lists, read in three pairs of orders, can give up to 4; long
+    ones, in two, up to 2 (one loud list cannot decide)."""
+    import itertools
 
-    short, full = RULES["query"].evidence(40), RULES["query"].evidence(40)
-    short.add(-1.0, 0.0, pairs=2)
-    full.add(-1.0, 0.0, pairs=QUERY_BET_PAIRS)
-    assert short.bet_pairs == QUERY_BET_PAIRS == 5
-    assert short.for_reads == pytest.approx(1 - 0.95 * 2 / 5) and full.for_reads == pytest.approx(1 - 0.95)
-    assert RULES["content"].evidence(40).bet_pairs == 0  # the content rule bets the same on every list
+    rng = random.Random(n)
+    k = len(reading_orders(n)) // 2
+    for _ in range(20):
+        ds = [[rng.gauss(0.0, 1.0) * rng.choice((0.1, 1.0, 30.0)) for _ in range(n // 2)] for _ in range(k)]
+        es = [judge([[s * x for x in d] for s, d in zip(signs, ds)])[3]
+              for signs in itertools.product((1, -1), repeat=k)]
+        assert sum(es) / len(es) == pytest.approx(1.0)
+        assert max(es) <= 2 ** (k - 1) + 1e-9
+    same = [[1.0, -2.0, 0.5, 3.0, -1.0, 0.0, 2.0, -0.5, 1.5, -3.0][: n // 2]] * k
+    assert judge(same)[3] > 1.4  # estimates that agree everywhere: well above 1
+
+
+def test_a_reader_on_short_lists_reads_within_12_queries():
+    """Lists of 4-9 passages (two to four slot pairs) are read in a third pair of orders, so that a reader at s = 1
+    reads within 12 of them (issue 22's goal): 20 of 20 seeds here; betting on two estimates' score (the rule before)
+    read in 33 of 40 (benchmarks/results/decisions-query.md: the mixed lengths 3-30)."""
+    read = 0
+    for seed in range(20):
+        model = SCENARIOS["no-delta"].replace(s=1.0, seed=seed)
+        rng = random.Random(seed)
+        lists_ = [g[:rng.randint(4, 9)] for g in GRADES[:12]]
+        readings = [eight(model, g, [0.0] * len(g), k) for k, g in enumerate(lists_)]
+        assert all(len(r.slots) == 12 for r in readings)
+        read += decided([summary(r) for r in readings]).verdict == "reads"
+    assert read >= 19, read
 
 
 def decided(facts):
@@ -139,10 +163,8 @@ def test_the_packaged_models_query_effects_do_not_read(model):
     import json
     import pathlib
 
-    from capcal_integrations.query_contrast import scores
-
     effects = json.loads((pathlib.Path(__file__).parent / "fixtures" / "query-effects.json").read_text())[model]
-    facts = [scores(d1, d2) for d1, d2 in effects]
+    facts = [judge([d1, d2]) for d1, d2 in effects]
     rng = random.Random(0)
     verdicts = [decided(rng.sample(facts, len(facts))).verdict for _ in range(500)]
     assert verdicts.count("reads") <= 5, verdicts.count("reads")
