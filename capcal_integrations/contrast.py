@@ -43,6 +43,9 @@ come:
   go the first stage's way);
 * neither after ``CAP`` queries: "does not read (undecided)".
 
+A rule that computes each query's own e-value (the query rule: :func:`.query_contrast.judge`) passes it to
+:meth:`Evidence.add`, and the "reads" side multiplies those instead of betting on the scores.
+
 One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``), so one loud list
 cannot decide alone. Measured on the testbed (``benchmarks/decisions.py``).
 

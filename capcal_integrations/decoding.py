@@ -115,7 +115,7 @@ def _learn_label_tokens(state: EndpointState, opts: Options, way: str, ids: Sequ
 def check_readings(state: EndpointState, opts: Options, query: str, texts: list[str],
                    rule: ContentRule = RULES[DEFAULT_RULE]) -> Flow[Reading]:
     """A content rule's readings of one list (:mod:`.rules`): the first step's label log-probabilities in each
-    of the rule's ``orders`` (both rules': the four of :func:`~.contrast.reading_orders`), with
+    of the rule's ``orders`` (the four of :func:`~.contrast.reading_orders`; the query rule's six for short lists), with
     ``query_free`` each read again with the query replaced by :data:`~.prompts.QUERY_PLACEHOLDER`, and the empty
     prompt's, in one round of requests."""
     n = len(texts)

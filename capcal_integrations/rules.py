@@ -11,7 +11,8 @@ A rule is four things (:class:`ContentRule`), and the engine asks nothing else o
   step (:func:`~.decoding.check_readings` reads them, with the empty prompt's, into a
   :class:`~.contrast.Reading`); with ``query_free``, each order is read a second time with the query
   replaced by :data:`~.prompts.QUERY_PLACEHOLDER`;
-* ``summary(reading)``: what one query contributes, ``(score, alignment, slot pairs)``;
+* ``summary(reading)``: what one query contributes, ``(score, alignment, slot pairs)``, and optionally its own
+  e-value against "no content signal" (the query rule's: :func:`~.query_contrast.judge`);
 * ``evidence(cap)``: a fresh sequential test that pools the queries' summaries into a verdict
   (``"reads"``, ``"does not read"``, ``"undecided"`` at the cap; :class:`~.contrast.Evidence`);
 * ``strength(readings, form=..., first_only=...)``: the ``alpha`` to calibrate with once it reads (label-free:
@@ -57,7 +58,7 @@ class ContentRule:
 
     name: str
     orders: Callable[[int], Sequence[list[int]]]
-    summary: Callable[[Reading], tuple[float, float, int]]
+    summary: Callable[[Reading], tuple[float, float, int] | tuple[float, float, int, float]]
     evidence: Callable[[int], Evidence]
     strength: Callable[..., tuple[float, dict[float, float]]]
     min_passages: int = MIN_PASSAGES
