@@ -138,7 +138,7 @@ def judge(ds: Sequence[Sequence[float]]) -> tuple[float, float, int, float]:
     >>> judge([[5.0, 5.0, 5.0], [5.0, 5.0, 5.0]])
     (0.0, 1.0, 3, 1.0)
     >>> [round(x, 3) for x in judge([[6.0, 4.0, 5.0], [6.5, 4.5, 4.0]])]
-    [1.0, 1.0, 3, 1.348]
+    [1.0, 1.0, 3, 1.215]
     """
     cs = [centred(list(d)) for d in ds]
     k, h = len(cs), len(cs[0])
@@ -164,7 +164,7 @@ def summary(reading: Reading) -> tuple[float, float, int, float]:
     >>> b, own, rel = [1.0, 0.0, 0.5, -1.0, 0.2, 0.3], [0.3, -0.2, 0.1, 0.4, 0.0, 0.1], [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     >>> read = lambda c: [tuple(b[j] + c[o[j]] for j in range(6)) for o in reading_orders(6)]
     >>> [round(x, 3) for x in summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))]
-    [1.0, 1.0, 3, 2.845]
+    [1.0, 1.0, 3, 2.101]
     >>> summary(Reading((*read(own), *read(own))))
     (0.0, 0.0, 3, 1.0)
     """
