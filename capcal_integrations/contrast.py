@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from .strength import ALPHAS, MARGIN, choose, implied_order
 
 __all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
-           "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "reading_orders", "Reading", "estimates", "agreement",
-           "alignment", "summary", "share", "Evidence", "implied_order", "alpha_of_readings"]
+           "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "rotated_pair", "reading_orders", "Reading", "estimates",
+           "estimate", "agreement", "alignment", "summary", "share", "Evidence", "implied_order", "alpha_of_readings"]
 
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
@@ -102,24 +102,33 @@ def halves_swapped(n: int) -> list[int]:
     >>> halves_swapped(4), halves_swapped(5)
     ([2, 3, 0, 1], [2, 3, 0, 1, 4])
     """
+    return rotated_pair(n, 0)[1]
+
+
+def rotated_pair(n: int, by: int) -> tuple[list[int], list[int]]:
+    """A pair of orders that shows every passage pair ``m`` (passages ``m`` and ``m + h``) at slot pair ``m - by``,
+    both ways: the slot pairs rotated by ``by``, and the same with its halves swapped (for odd ``n`` the last
+    passage stays).
+
+    >>> rotated_pair(4, 0), rotated_pair(5, 1)
+    (([0, 1, 2, 3], [2, 3, 0, 1]), ([1, 0, 3, 2, 4], [3, 2, 1, 0, 4]))
+    """
     h = n // 2
-    return [*range(h, 2 * h), *range(h), *range(2 * h, n)]
+    rotated = [(k + by) % h for k in range(h)]
+    tail = list(range(2 * h, n))
+    return [*rotated, *(r + h for r in rotated), *tail], [*(r + h for r in rotated), *rotated, *tail]
 
 
 def reading_orders(n: int) -> tuple[list[int], list[int], list[int], list[int]]:
     """The four readings' orders (slot ``j`` shows passage ``order[j]``): as given, halves swapped, slot pairs
-    rotated by one, and rotated with halves swapped.
+    rotated by one, and rotated with halves swapped (:func:`rotated_pair` by 0 and by 1).
 
     >>> reading_orders(4)
     ([0, 1, 2, 3], [2, 3, 0, 1], [1, 0, 3, 2], [3, 2, 1, 0])
     >>> reading_orders(7)[2]
     [1, 2, 0, 4, 5, 3, 6]
     """
-    h = n // 2
-    rotated = [(k + 1) % h for k in range(h)]
-    tail = list(range(2 * h, n))
-    return (list(range(n)), halves_swapped(n), [*rotated, *(r + h for r in rotated), *tail],
-            [*(r + h for r in rotated), *rotated, *tail])
+    return (*rotated_pair(n, 0), *rotated_pair(n, 1))
 
 
 @dataclass(frozen=True)
@@ -148,13 +157,25 @@ def estimates(reading: Reading) -> tuple[list[float], list[float]]:
     ([4.0, -2.0], [4.0, -2.0])
     """
     a, b, c, d = reading.slots[:4]  # the query-free contrast's eight: the four with the query come first
-    h = len(a) // 2
-    e1 = [(a[m] - a[m + h]) - (b[m] - b[m + h]) for m in range(h)]
-    e2 = []
+    first, second, third, fourth = reading_orders(len(a))
+    return estimate(first, second, a, b), estimate(third, fourth, c, d)
+
+
+def estimate(first: Sequence[int], second: Sequence[int], a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """Per passage pair ``m``, its content difference from two readings ``a``, ``b`` of a pair of orders that show
+    passages ``m`` and ``m + h`` at the same two slots both ways: the slots' effects cancel.
+
+    >>> estimate([0, 1, 2, 3], [2, 3, 0, 1], [2.0, 0.0, 0.0, 1.0], [0.0, 1.0, 2.0, 0.0])
+    [4.0, -2.0]
+    """
+    h = len(first) // 2
+    out = []
     for m in range(h):
-        k = (m - 1) % h  # the slot pair that shows passage pair m in C and D
-        e2.append((c[k] - c[k + h]) - (d[k] - d[k + h]))
-    return e1, e2
+        s, t = first.index(m), first.index(m + h)
+        if second[s] != m + h or second[t] != m:
+            raise ValueError(f"orders {first} and {second} do not show passages {m} and {m + h} both ways")
+        out.append((a[s] - a[t]) - (b[s] - b[t]))
+    return out
 
 
 def agreement(reading: Reading) -> float:

@@ -42,7 +42,7 @@ import math
 from collections.abc import Sequence
 
 from . import contrast
-from .contrast import Reading, share
+from .contrast import Reading, estimate, rotated_pair, share
 
 __all__ = ["THIRD_BELOW", "KAPPA", "reading_orders", "split", "estimate", "differences", "centred", "judge", "summary"]
 
@@ -72,11 +72,10 @@ def reading_orders(n: int) -> list[list[int]]:
     orders = list(contrast.reading_orders(n))
     if h >= THIRD_BELOW:
         return orders
-    tail = list(range(2 * h, n))
-    if h == 2:
+    if h == 2:  # rotating two slot pairs by two is no rotation
+        tail = list(range(4, n))
         return [*orders, [0, 2, 1, 3, *tail], [2, 0, 3, 1, *tail]]
-    rotated = [(k + 2) % h for k in range(h)]
-    return [*orders, [*rotated, *(r + h for r in rotated), *tail], [*(r + h for r in rotated), *rotated, *tail]]
+    return [*orders, *rotated_pair(n, 2)]
 
 
 def split(reading: Reading) -> tuple[Reading, Reading]:
@@ -86,23 +85,6 @@ def split(reading: Reading) -> tuple[Reading, Reading]:
         raise ValueError(f"the query-free contrast needs eight or twelve readings (the orders with the query, then "
                          f"without), got {k}")
     return Reading(reading.slots[:k // 2], reading.empty), Reading(reading.slots[k // 2:], reading.empty)
-
-
-def estimate(first: Sequence[int], second: Sequence[int], a: Sequence[float], b: Sequence[float]) -> list[float]:
-    """Per passage pair ``m``, its content difference from two readings ``a``, ``b`` of a pair of orders that show
-    passages ``m`` and ``m + h`` at the same two slots both ways: the slots' effects cancel.
-
-    >>> estimate([0, 1, 2, 3], [2, 3, 0, 1], [2.0, 0.0, 0.0, 1.0], [0.0, 1.0, 2.0, 0.0])
-    [4.0, -2.0]
-    """
-    h = len(first) // 2
-    out = []
-    for m in range(h):
-        s, t = first.index(m), first.index(m + h)
-        if second[s] != m + h or second[t] != m:
-            raise ValueError(f"orders {first} and {second} do not show passages {m} and {m + h} both ways")
-        out.append((a[s] - a[t]) - (b[s] - b[t]))
-    return out
 
 
 def differences(reading: Reading) -> list[list[float]]:
