@@ -90,12 +90,19 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--replay", action="store_true", help="only the decisions, from the saved readings")
     ap.add_argument("--orders", type=int, default=500)
+    ap.add_argument("--fresh", action="store_true", help="read every query of --data here, with and without the query, "
+                    "by the library's own check_readings at the default options (out of sample: another collection than "
+                    "the saved DL19 readings); writes query-free-<model>-<collection>")
     ap.add_argument("--fixture", action="store_true", help="write tests/fixtures/query-effects.json from both models' "
                     "saved readings (what the query adds, per slot pair: tests/test_query_rule.py replays it)")
     args = ap.parse_args()
     if args.fixture:
         return write_fixture()
-    out = pathlib.Path(args.out or HERE / "results" / f"query-free-{args.model}")
+    collection = pathlib.Path(args.data).name.replace("trec-", "").replace("-passage", "")
+    out = pathlib.Path(args.out or HERE / "results" / (f"query-free-{args.model}-{collection}" if args.fresh
+                                                       else f"query-free-{args.model}"))
+    if args.fresh:
+        return fresh(args, out)
     if args.replay:
         done = json.loads(pathlib.Path(f"{out}.json").read_text())
         saved = {r["query"]: r for r in json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())["rows"]}
@@ -157,6 +164,33 @@ def main() -> int:
             print(f"{k + 1}/{args.queries} agree q {r['agree_q']:.2f} free {r['agree_free']:.2f} corr {r['corr']:.2f} "
                   f"d {r['agree_d']:.2f} align_d {r['align_d']:+.2f}", file=sys.stderr, flush=True)
             _write(out, args, rows, drift, time.perf_counter() - start)
+    return 0
+
+
+def fresh(args: argparse.Namespace, out: pathlib.Path) -> int:
+    """Every query of ``--data`` (its first ``--queries``) read here in one run, with and without the query, as the
+    library's check reads it (``check_readings``, default options, the default rule's orders)."""
+    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.drivers import run_sync
+    from capcal_integrations.server.launcher import endpoint
+    from capcal_integrations.testbed.measure import bench_lists
+
+    lists = bench_lists(args.data)[:args.queries]
+    done = json.loads(pathlib.Path(f"{out}.json").read_text())["rows"] if args.start else []
+    rows, start = done[:args.start], time.perf_counter()
+    with endpoint(None, args.model) as ep:
+        rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, timeout=1800, guard=None)
+        rr.capabilities()
+        for k, b in enumerate(lists):
+            if k < len(rows):
+                continue
+            reading, _ = run_sync(check_readings(rr._state.for_ranking(), rr.options.replace(alpha=1.0), b.query,
+                                                 list(b.passages)), rr.client)
+            with_query, free = (Reading(half) for half in (reading.slots[:4], reading.slots[4:]))
+            rows.append({"qid": str(k), "query": b.query, **facts(with_query, free, list(b.grades)),
+                         "with_query": [list(x) for x in with_query.slots], "free": [list(x) for x in free.slots]})
+            print(f"{k + 1}/{len(lists)} {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            _write(out, args, rows, math.nan, time.perf_counter() - start)
     return 0
 
 
@@ -224,8 +258,10 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict], drift:
                                                     "seconds": round(seconds, 1), "rows": rows}) + "\n")
     gq = [sum(r["grades_q"][i] for r in rows) for i in (0, 1)]
     gd = [sum(r["grades_d"][i] for r in rows) for i in (0, 1)]
+    fresh_args = f" --fresh --data {args.data}" if getattr(args, "fresh", False) else ""
     lines = [f"# Does the {args.model} model's passage preference depend on the query?", "",
-             f"`python benchmarks/query_free.py --model {args.model} --queries {args.queries}` ({len(rows)} DL19 queries "
+             f"`python benchmarks/query_free.py --model {args.model} --queries {args.queries}{fresh_args}` ({len(rows)} "
+             f"{pathlib.Path(args.data).name} queries "
              f"read, {seconds:.0f} s; the saved reading of the first query read again differs by at most {drift:.1e}). "
              f"Query-free: the query replaced by {QUERY_FREE!r}. Columns: the module docstring.", "",
              "| qid | agree_q | agree_free | corr | agree_d | agree_c | align_q | align_d | grades_q | grades_d |",

@@ -22,9 +22,18 @@ is symmetric about zero, so flipping the sign of any of them leaves their distri
 **e-value** (:func:`judge`) compares the observed signs with all ``2^(K-1)`` sign patterns (a flip of all of them
 changes nothing): ``exp(kappa T) / mean over patterns of exp(kappa T')``, with ``T = sum_{i<j} <c_i, c_j> / S`` the
 estimates' agreement (``S`` their mean square, the same for every pattern) and ``kappa = KAPPA * (h - 1)``. Its
-mean is exactly 1 without a query effect, whatever the noise's size, shape or ties, so the product over queries
-is a test martingale (:class:`~.contrast.Evidence`); one query multiplies it by at most ``2^(K-1)``: 2 for a long
-list, 4 for a short one read in three pairs of orders.
+mean is exactly 1 without a query effect, whatever the noise's size, shape or ties; one query multiplies the
+evidence by at most ``2^(K-1)``: 2 for a long list, 4 for a short one read in three pairs of orders.
+
+**Sharper with the query.** Real models prefer, with the query, a sharper copy of what they prefer without it
+(the packaged 0.5B's consistent signal is 1.31 times larger with the query, the 1.5B's 1.67 times): ``e_i = lambda
+f_i`` plus noise, so ``d_i = (lambda - 1) f_i`` agrees from pair to pair though nothing is read. The rule's null
+therefore includes every such model: a query's e-value is the least, over ``lambda`` from 0.8 to 2 (:data:`SCALES`),
+of the sign-flip e-value of ``e_i - lambda f_i`` (:func:`judge_scaled`). At the model's own scale that is the
+e-value above (mean at most 1), and the least over the range is at most that one, so the product over queries is a
+test supermartingale (:class:`~.contrast.Evidence`) for any model whose with-query preference is its query-free one
+scaled by a factor in that range (a factor that may change from query to query), plus noise and an effect alike in
+every pair.
 
 * the query's **score** is the mean over pairs of estimates of the weighted share of passage pairs whose centred
   estimates agree in sign (in [-1, 1]; the "does not read" side of the test);
@@ -44,7 +53,8 @@ from collections.abc import Sequence
 from . import contrast
 from .contrast import Reading, estimate, rotated_pair, share
 
-__all__ = ["THIRD_BELOW", "KAPPA", "reading_orders", "split", "estimate", "differences", "centred", "judge", "summary"]
+__all__ = ["THIRD_BELOW", "KAPPA", "SCALES", "reading_orders", "split", "estimate", "estimate_pairs", "differences",
+           "centred", "judge", "judge_scaled", "summary"]
 
 #: Lists of fewer slot pairs than this are read in a third pair of orders (twelve readings instead of eight): a
 #: short list's two estimates agree by chance too often to bet much on (mixed lengths 3-30 at s = 1: "reads"
@@ -53,6 +63,11 @@ THIRD_BELOW = 10
 #: How strongly one query's agreement counts, per degree of freedom of its centred estimates (``kappa = KAPPA *
 #: (h - 1)``); chosen on the testbed's mixed lengths (0.15-0.5 tried: ``benchmarks/results/decisions-query.md``).
 KAPPA = 0.15
+#: The scales ``lambda`` of a model's own preference that the rule's null allows: with the query, a model may prefer
+#: what it prefers without it, only more (or less) sharply (``lambda`` times the query-free logit differences; the
+#: packaged 0.5B's consistent signal is 1.31 times larger with the query, the 1.5B's 1.67 times). A query's e-value
+#: is the least over these scales (:func:`judge_scaled`), so it is valid whatever the query's own scale in this range.
+SCALES = tuple(sorted({1.0, *(round(0.8 * 2.5 ** (k / 20), 4) for k in range(21))}))  # 0.8 ... 2.0, geometric, and 1
 
 
 def reading_orders(n: int) -> list[list[int]]:
@@ -87,19 +102,26 @@ def split(reading: Reading) -> tuple[Reading, Reading]:
     return Reading(reading.slots[:k // 2], reading.empty), Reading(reading.slots[k // 2:], reading.empty)
 
 
-def differences(reading: Reading) -> list[list[float]]:
-    """``d_i`` per pair of orders ``i`` and passage pair: what the query adds to each slot-free estimate."""
+def estimate_pairs(reading: Reading) -> tuple[list[list[float]], list[list[float]]]:
+    """``(e, f)``: per pair of orders ``i`` and passage pair, the slot-free estimate with the query (``e_i``) and
+    without it (``f_i``)."""
     with_query, free = split(reading)
     orders = reading_orders(len(reading.slots[0]))
     if len(orders) != len(with_query.slots):
         raise ValueError(f"a list of {len(reading.slots[0])} passages is read in {len(orders)} orders, got "
                          f"{len(with_query.slots)}")
-    out = []
+    es, fs = [], []
     for i in range(0, len(orders), 2):
-        q = estimate(orders[i], orders[i + 1], with_query.slots[i], with_query.slots[i + 1])
-        f = estimate(orders[i], orders[i + 1], free.slots[i], free.slots[i + 1])
-        out.append([x - y for x, y in zip(q, f)])
-    return out
+        es.append(estimate(orders[i], orders[i + 1], with_query.slots[i], with_query.slots[i + 1]))
+        fs.append(estimate(orders[i], orders[i + 1], free.slots[i], free.slots[i + 1]))
+    return es, fs
+
+
+def differences(reading: Reading, scale: float = 1.0) -> list[list[float]]:
+    """``d_i = e_i - scale * f_i`` per pair of orders ``i`` and passage pair: what the query adds to each slot-free
+    estimate beyond ``scale`` times the model's query-free preference."""
+    es, fs = estimate_pairs(reading)
+    return [[x - scale * y for x, y in zip(e, f)] for e, f in zip(es, fs)]
 
 
 def centred(values: list[float]) -> list[float]:
@@ -138,6 +160,72 @@ def judge(ds: Sequence[Sequence[float]]) -> tuple[float, float, int, float]:
     return score, aligned, h, math.exp(ts[0] - top) / (math.fsum(math.exp(t - top) for t in ts) / len(ts))
 
 
+def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], scales: Sequence[float] | None = None
+                 ) -> tuple[float, float, int, float]:
+    """:func:`judge` of ``d_i = e_i - lambda f_i`` at the scale ``lambda`` that gives the least e-value, from
+    ``min(SCALES)`` to ``max(SCALES)`` (the grid :data:`SCALES`, then refined between the best point's neighbours):
+    ``(score, alignment, pairs, e)`` at that scale.
+
+    For each fixed ``lambda``, a model whose preference with the query is ``lambda`` times its query-free one (plus
+    noise, plus an effect alike in every pair) leaves estimates ``d_i`` that are symmetric and independent, so that
+    scale's e-value has mean at most 1; the least over the scales is at most the true scale's, and so is a valid
+    e-value for every model of that null, whatever its scale (which may differ from query to query). A query effect
+    that is no multiple of the model's own preference (relevance) remains at every scale.
+
+    A sharper copy of the model's own taste is no evidence; relevance on top of it is:
+
+    >>> own, rel = [1.0, -2.0, 0.5, 3.0, -1.5], [2.0, 0.0, -1.0, 1.0, -2.0]
+    >>> n1, n2, n3 = [0.1, -0.2, 0.05, 0.1, -0.1], [-0.1, 0.05, 0.1, -0.15, 0.0], [0.0, 0.1, -0.1, 0.05, 0.1]
+    >>> free = [own, [x + n for x, n in zip(own, n3)]]
+    >>> sharper = [[1.3 * x + n for x, n in zip(own, n1)], [1.3 * x + n for x, n in zip(own, n2)]]
+    >>> d = [[x - y for x, y in zip(e, f)] for e, f in zip(sharper, free)]  # what the query adds at scale 1
+    >>> round(judge(d)[3], 3), round(judge_scaled(sharper, free)[3], 3)
+    (1.516, 0.982)
+    >>> round(judge_scaled([[x + r for x, r in zip(e, rel)] for e in sharper], free)[3], 3)
+    1.53
+    """
+    ce, cf = [centred(list(e)) for e in es], [centred(list(f)) for f in fs]
+    k, h = len(ce), len(ce[0]) if ce else 0
+    if k < 2 or h < 1:
+        return judge([list(e) for e in es]) if es else (0.0, 0.0, 0, 1.0)
+
+    def dot(x: Sequence[float], y: Sequence[float]) -> float:
+        return math.fsum(u * v for u, v in zip(x, y))
+
+    # <c_i(l), c_j(l)> = ee - l (ef + fe) + l^2 ff for c_i(l) = centred(e_i) - l centred(f_i): each scale's e-value
+    # (judge's, exactly) from these few inner products
+    pairs = list(itertools.combinations(range(k), 2))
+    quad = {(i, j): (dot(ce[i], ce[j]), dot(ce[i], cf[j]) + dot(cf[i], ce[j]), dot(cf[i], cf[j]))
+            for i in range(k) for j in range(i, k)}
+    patterns = [(1, *rest) for rest in itertools.product((1, -1), repeat=k - 1)]
+    kappa = KAPPA * max(1, h - 1)
+
+    def e_at(scale: float) -> float:
+        inner = {ij: a - scale * b + scale * scale * c for ij, (a, b, c) in quad.items()}
+        norm = math.fsum(inner[i, i] for i in range(k)) / k
+        if not norm > 0 or not math.isfinite(norm):
+            return 1.0
+        agree = [(i, j, kappa * inner[i, j] / norm) for i, j in pairs]
+        ts = [math.fsum(g * signs[i] * signs[j] for i, j, g in agree) for signs in patterns]
+        top = max(ts)
+        return math.exp(ts[0] - top) / (math.fsum(math.exp(t - top) for t in ts) / len(ts))
+
+    grid = sorted(SCALES if scales is None else scales)
+    values = [e_at(x) for x in grid]
+    i = min(range(len(grid)), key=values.__getitem__)
+    best, best_e = grid[i], values[i]
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    for _ in range(30):  # golden-section search of the least e-value between the best point's neighbours
+        a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
+        fa, fb = e_at(a), e_at(b)
+        for x, fx in ((a, fa), (b, fb)):
+            if fx < best_e:
+                best, best_e = x, fx
+        lo, hi = (lo, b) if fa <= fb else (a, hi)
+    score, aligned, pairs_, _ = judge([[x - best * y for x, y in zip(e, f)] for e, f in zip(es, fs)])
+    return score, aligned, pairs_, best_e
+
+
 def summary(reading: Reading) -> tuple[float, float, int, float]:
     """``(score, alignment, pairs, e)`` of what the query adds, as :meth:`~.contrast.Evidence.add` takes them.
 
@@ -146,8 +234,8 @@ def summary(reading: Reading) -> tuple[float, float, int, float]:
     >>> b, own, rel = [1.0, 0.0, 0.5, -1.0, 0.2, 0.3], [0.3, -0.2, 0.1, 0.4, 0.0, 0.1], [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     >>> read = lambda c: [tuple(b[j] + c[o[j]] for j in range(6)) for o in reading_orders(6)]
     >>> [round(x, 3) for x in summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))]
-    [1.0, 1.0, 3, 2.101]
+    [1.0, 0.96, 3, 2.101]
     >>> summary(Reading((*read(own), *read(own))))
     (0.0, 0.0, 3, 1.0)
     """
-    return judge(differences(reading))
+    return judge_scaled(*estimate_pairs(reading))
