@@ -51,7 +51,7 @@ from capcal_integrations.contrast import (  # noqa: E402
 )
 from capcal_integrations.options import Options  # noqa: E402
 from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
-from capcal_integrations.query_contrast import differences  # noqa: E402
+from capcal_integrations.query_contrast import differences, estimate_pairs  # noqa: E402
 from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
 #: What stands in for the query: the library's own (the query rule reads the same prompts).
@@ -195,12 +195,13 @@ def fresh(args: argparse.Namespace, out: pathlib.Path) -> int:
 
 
 def write_fixture() -> int:
-    """Both packaged models' ``(d1, d2)`` per DL19 query, in the collection's order (4 decimals)."""
+    """Both packaged models' estimates per DL19 query, in the collection's order (4 decimals): ``[e, f]``, the
+    slot-free estimates per pair of orders with the query and without it (``query_contrast.estimate_pairs``)."""
     effects = {}
     for model in ("0.5b", "1.5b"):
         rows = json.loads((HERE / "results" / f"query-free-{model}.json").read_text())["rows"]
-        effects[model] = [[[round(x, 4) for x in d] for d in differences(Reading((*map(tuple, r["with_query"]),
-                                                                                 *map(tuple, r["free"]))))]
+        effects[model] = [[[[round(x, 4) for x in d] for d in side]
+                           for side in estimate_pairs(Reading((*map(tuple, r["with_query"]), *map(tuple, r["free"]))))]
                           for r in rows]
     target = HERE.parent / "tests" / "fixtures" / "query-effects.json"
     target.write_text(json.dumps(effects, separators=(",", ":")) + "\n")

@@ -12,7 +12,7 @@ from capcal_integrations.content_check import decision_key
 from capcal_integrations.contrast import Evidence, Reading, agreement
 from capcal_integrations.options import Options
 from capcal_integrations.prompts import QUERY_PLACEHOLDER
-from capcal_integrations.query_contrast import judge, reading_orders, split, summary
+from capcal_integrations.query_contrast import SCALES, differences, judge, judge_scaled, reading_orders, split, summary
 from capcal_integrations.rules import RULES
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 from tests.fake_endpoint import split_prompt
@@ -157,16 +157,68 @@ def test_a_query_effect_alike_in_every_pair_is_not_reading(seed):
 @pytest.mark.parametrize("model", ["0.5b", "1.5b"])
 def test_the_packaged_models_query_effects_do_not_read(model):
     """Issue 22's goal on the real models: what the query adds to the packaged 0.5B's and 1.5B's DL19 readings
-    (tests/fixtures/query-effects.json, written by ``benchmarks/query_free.py --fixture``) moves them the first
-    stage's way but not toward relevance (calibrating them loses to BM25). The default rule says "reads" in at most
-    1 % of 500 random query orders (before centring: 6.2 % and 99.4 %), and both in DL19's order "does not read"."""
+    (tests/fixtures/query-effects.json: the estimates with and without the query, written by
+    ``benchmarks/query_free.py --fixture``) moves them the first stage's way but not toward relevance (calibrating
+    them loses to BM25). The default rule says "reads" in at most 1 % of 500 random query orders (before centring:
+    6.2 % and 99.4 %), and both in DL19's order "does not read"."""
     import json
     import pathlib
 
     effects = json.loads((pathlib.Path(__file__).parent / "fixtures" / "query-effects.json").read_text())[model]
-    facts = [judge([d1, d2]) for d1, d2 in effects]
+    facts = [judge_scaled(es, fs) for es, fs in effects]
     rng = random.Random(0)
     verdicts = [decided(rng.sample(facts, len(facts))).verdict for _ in range(500)]
     assert verdicts.count("reads") <= 5, verdicts.count("reads")
     in_order = decided(facts).verdict
     assert in_order == "does not read", in_order
+
+
+def sharpened(model, own, scale, k, grades=None):
+    """One query's readings from a model whose preference with the query is ``scale`` times its own query-free one
+    (plus relevance ``grades``, if any)."""
+    content = [scale * t + (g if grades else 0.0) for t, g in zip(own, grades or own)]
+    n = len(own)
+    keys = [f"p{k}-{i}" for i in range(n)]
+
+    def read(values, tag):
+        return [tuple(model.logits([values[i] for i in o], f"q{k} {tag} {r}", [keys[i] for i in o]))
+                for r, o in enumerate(reading_orders(n))]
+
+    return Reading((*read(content, "with"), *read(own, "free")))
+
+
+@pytest.mark.parametrize("scale", [1.3, 1.7])
+def test_a_sharper_copy_of_the_models_own_taste_is_not_reading(scale):
+    """Issue 33, finding 1: with the query, the packaged models prefer a sharper copy of what they prefer without it
+    (1.31x the 0.5B, 1.67x the 1.5B). What the query adds at scale 1 then agrees from pair to pair, and the rule before
+    read it as reading; at the least e-value over the scales (judge_scaled) such a model is a null, and a reader with
+    the same taste still reads."""
+    model = SCENARIOS["no-delta"].replace(s=1.0, seed=int(10 * scale))
+    rng = random.Random(int(10 * scale))
+    owns = [[rng.gauss(0.0, 1.0) for _ in g] for g in GRADES]
+    tasteful = [sharpened(model, t, scale, k) for k, t in enumerate(owns)]
+    reader = [sharpened(model, t, scale, k, [2.0 * x for x in g]) for k, (g, t) in enumerate(zip(GRADES, owns))]
+    at_one = decided([judge(differences(r)) for r in tasteful])
+    assert at_one.verdict == "reads", (at_one.verdict, at_one.queries)  # the rule before: a false "reads"
+    for verdict, readings in (("reads", reader), ("does not read", tasteful)):
+        evidence = decided([summary(r) for r in readings])
+        assert evidence.verdict == verdict, (evidence.verdict, evidence.queries)
+    assert min(SCALES) <= 1.0 <= scale <= max(SCALES)
+
+
+def test_the_least_e_value_over_the_scales_has_mean_at_most_one_at_any_scale_in_range():
+    """The guarantee in one line: for a model whose with-query preference is ``lambda`` times its query-free one plus
+    symmetric noise, the rule's e-value is at most the sign-flip e-value at ``lambda`` (mean exactly 1), so its mean
+    is at most 1 for every ``lambda`` in the range. Checked over every sign pattern of the noise."""
+    import itertools
+
+    rng = random.Random(7)
+    for scale in (0.8, 1.0, 1.31, 1.67, 2.0):
+        for _ in range(10):
+            own = [rng.gauss(0.0, 2.0) for _ in range(10)]
+            fs = [[t + rng.gauss(0.0, 0.3) for t in own] for _ in range(2)]
+            noise = [[rng.gauss(0.0, 0.3) for _ in own] for _ in range(2)]
+            es_of = [[[scale * f + s * x for f, x in zip(fs[i], noise[i])] for i, s in enumerate(signs)]
+                     for signs in itertools.product((1, -1), repeat=2)]
+            mean = sum(judge_scaled(es, fs)[3] for es in es_of) / len(es_of)
+            assert mean <= 1.0 + 1e-9, (scale, mean)
