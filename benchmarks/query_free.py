@@ -51,7 +51,7 @@ from capcal_integrations.contrast import (  # noqa: E402
 )
 from capcal_integrations.options import Options  # noqa: E402
 from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
-from capcal_integrations.query_contrast import differences, estimate_pairs  # noqa: E402
+from capcal_integrations.query_contrast import differences, estimate_pairs, judge  # noqa: E402
 from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
 #: What stands in for the query: the library's own (the query rule reads the same prompts).
@@ -225,7 +225,9 @@ RULES = (("content (align_e 20)", "content", lambda r: summary(Reading(r.slots[:
          ("query, not centred, betting on the score (align_e 0)", "query", uncentred, 0.0),
          ("query, centred, betting on the score (the default before; align_e 0)", "query",
           lambda r: query_summary(r)[:3], 0.0),
-         ("query (the default: the e-value of the estimates' signs; align_e 0)", "query", query_summary, 0.0),
+         ("query, the e-value of the estimates' signs at scale 1 (the default before issue 33; align_e 0)", "query",
+          lambda r: judge(differences(r)), 0.0),
+         ("query (the default: the least e-value over the scales 0.8-2; align_e 0)", "query", query_summary, 0.0),
          ("query, align_e 2", "query", query_summary, 2.0), ("query, align_e 20", "query", query_summary, 20.0))
 
 
