@@ -16,14 +16,12 @@ import time
 
 import pytest
 
-from capcal_integrations import CapCalReranker, InputError
+from capcal_integrations import CapCalReranker, InputError, content_check
 from capcal_integrations.client import http_library
-from capcal_integrations import content_check
 from capcal_integrations.content_check import ContentCheck, ContentDecision, decision_key
 from capcal_integrations.options import Options
 from capcal_integrations.saved_decisions import Store, key_id
 from capcal_integrations.testbed import simulated_endpoint
-
 from tests.test_content_check import lists
 
 
@@ -315,3 +313,28 @@ def test_defect_a_check_stopped_at_its_cap_says_undecided(caplog):
     check = ContentCheck(d.key, d)
     note = check.verdict().note
     assert "undecided" in note and "no content signal" not in note
+
+
+# --------------------------------------------------------------------------- capcal decisions
+
+
+def test_capcal_decisions_lists_and_forgets(capsys):
+    from capcal_integrations.cli import main
+
+    store = Store()  # the environment's folder (a test's own: tests/conftest.py)
+    a, b = a_decision(), a_decision(key=(("model", "n"), ("weights", "sha256:1")), reads=False, verdict="undecided")
+    store.save(a, "rule 'query'")
+    store.save(b, "option")
+    assert main(["decisions"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and any(key_id(a.key) in line and " m " in line and "reads after 9 queries" in line
+                                 and "rule 'query'" in line for line in out)
+    assert main(["decisions", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["verdict"] for r in rows} == {"reads", "undecided"} and all(r["saved_at"] for r in rows)
+    assert main(["decisions", "forget", key_id(b.key)[:5]]) == 0
+    assert "forgot" in capsys.readouterr().out and store.load(b.key) is None and store.load(a.key) == a
+    assert main(["decisions", "forget", "nothing-like-it"]) == 1
+    assert "no saved content decision" in capsys.readouterr().err
+    assert main(["decisions", "forget"]) == 1
+    assert main(["decisions", "forget", "--all"]) == 0 and store.entries() == []
