@@ -41,7 +41,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: the rename alone keeps files whole
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["folder", "kept", "key_id", "Store", "Saved", "STORE"]
+__all__ = ["folder", "kept", "key_id", "Store", "Saved", "STORE", "write_atomically", "describe"]
 
 log = logging.getLogger("capcal_integrations")
 FORMAT = 1  # the envelope's version ("capcal_saved_decision")
@@ -132,7 +132,7 @@ class Store:
         try:
             where.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self._locked(where):
-                _write_atomically(path, json.dumps(envelope, indent=1) + "\n")
+                write_atomically(path, json.dumps(envelope, indent=1) + "\n")
         except OSError as err:
             log.warning("capcal: cannot save the content decision in %s (%s); it holds for this process only",
                         where, err)
@@ -203,7 +203,7 @@ class Store:
             os.close(fd)  # closing releases the lock
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
+def write_atomically(path: pathlib.Path, text: str) -> None:
     """``text`` in ``path``, whole or not at all: a temporary file beside it, synced, renamed over it."""
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

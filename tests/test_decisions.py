@@ -338,3 +338,113 @@ def test_capcal_decisions_lists_and_forgets(capsys):
     assert "no saved content decision" in capsys.readouterr().err
     assert main(["decisions", "forget"]) == 1
     assert main(["decisions", "forget", "--all"]) == 0 and store.entries() == []
+
+
+# --------------------------------------------------------------------------- batch decision files
+
+
+def _fake_ray(monkeypatch):
+    import sys
+
+    from capcal_integrations import batch
+    from tests.test_batch import _Ray
+
+    ray = _Ray()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(batch, "_WORKER", None)  # the actor class is made for this Ray
+    return ray
+
+
+BATCH = {"method": "first-token-capcal", "check_lists": 3}
+
+
+def test_defect_a_stale_batch_decision_of_another_model_is_replaced(tmp_path, monkeypatch, caplog):
+    """Finding 6: a decision file beside the output about another model was never replaced (the run decided afresh
+    in every worker, and the next run did again)."""
+    from capcal_integrations.batch import decision_path, rerank_batch
+    from tests.test_batch import LISTS, FakeServer
+
+    _fake_ray(monkeypatch)
+    out = tmp_path / "out.jsonl"
+    stale = a_decision(key=(("model", "another"), ("weights", "sha256:9")))
+    decision_path(out).write_text(stale.to_json())
+    with caplog.at_level(logging.WARNING):
+        rerank_batch(LISTS[:5], out, endpoints=[FakeServer(delay=0.0).url], api_key="none", progress=False, **BATCH)
+    replaced = ContentDecision.from_json(decision_path(out).read_text())
+    assert dict(replaced.key)["model"] == "fake" and replaced.lists == 3
+    assert any("decided afresh, and replaced" in r.message for r in caplog.records)
+
+
+def _hold(path, ready, stop):
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()
+    stop.wait(30)
+
+
+def test_defect_two_batch_runs_on_one_output_the_second_is_refused(tmp_path, monkeypatch):
+    """Finding 6: two runs on one output had no lock (both appended, both wrote its decision)."""
+    from capcal_integrations.batch import rerank_batch
+    from tests.test_batch import LISTS, FakeServer
+
+    _fake_ray(monkeypatch)
+    out = tmp_path / "out.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    ready, stop = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold, args=(str(out) + ".lock", ready, stop))  # the first run, in another process
+    other.start()
+    try:
+        assert ready.wait(10)
+        with pytest.raises(InputError, match="another capcal batch run is writing"):
+            rerank_batch(LISTS[:2], out, endpoints=[FakeServer(delay=0.0).url], api_key="none", progress=False,
+                         guard=None, method="first-token-capcal")
+        assert not out.exists()
+    finally:
+        stop.set()
+        other.join()
+    assert rerank_batch(LISTS[:2], out, endpoints=[FakeServer(delay=0.0).url], api_key="none", progress=False,
+                        guard=None, method="first-token-capcal").ranked == 2  # once it has ended
+
+
+def _write_under_a_quota(output, text):
+    import resource
+    import signal
+
+    from capcal_integrations.batch import _saved_decision
+
+    class Actor:
+        class decision:  # noqa: N801 - a Ray method handle
+            @staticmethod
+            def remote():
+                return text
+
+    class Ray:
+        @staticmethod
+        def get(x):
+            return x
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+    try:
+        _saved_decision(Ray, Actor, output)
+    except OSError:
+        pass
+
+
+def test_defect_a_batch_decision_file_is_whole_or_untouched_when_a_write_fails(tmp_path):
+    """Finding 6: the decision file was written in place (truncated, then written): a write that fails (a disk
+    quota here, a kill) left a torn file, which the next run refused."""
+    from capcal_integrations.batch import decision_path
+
+    out = tmp_path / "out.jsonl"
+    before = a_decision().to_json()
+    decision_path(out).write_text(before)
+    bigger = a_decision(curve=tuple((a / 8, 0.1) for a in range(40))).to_json()
+    worker = multiprocessing.get_context("fork").Process(target=_write_under_a_quota, args=(out, bigger))
+    worker.start()
+    worker.join()
+    assert decision_path(out).read_text() == before  # the old decision, whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
