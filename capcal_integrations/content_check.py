@@ -32,16 +32,14 @@ import hashlib
 import json
 import logging
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .attempts import Attempts, Pending
 from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Reading
-from .errors import EndpointError, InputError
+from .errors import InputError
 from .files import option_text
-from .redaction import redact
 from .rules import DEFAULT_RULE, RULES, ContentRule
 from .typed_json import fields_of
 
@@ -159,13 +157,6 @@ class Verdict:
     note: str
 
 
-#: Readings that fail are tried again after RETRY_BASE seconds, doubling up to RETRY_MAX; after WARN_AFTER failures
-#: in a row one WARNING names the error (the rest are logged at DEBUG), and the check keeps trying at RETRY_MAX.
-RETRY_BASE, RETRY_MAX, WARN_AFTER = 2.0, 300.0, 3
-#: The most lists a check remembers having read (not to read one twice); the oldest are forgotten first.
-SEEN = 1024
-
-
 class ContentCheck:
     """The check of one key (:func:`decision_key`): the evidence pooled while deciding, then the decision.
     Shared by every ranking on the endpoint state (threads included). Its decision is set in one place,
@@ -173,22 +164,19 @@ class ContentCheck:
     saves it in ``store`` (an object with ``load(key)`` and ``save(decision, source)``: :mod:`.saved_decisions`)."""
 
     def __init__(self, key: Key, decision: ContentDecision | None = None, cap: int = CAP,
-                 rule: ContentRule = RULES[DEFAULT_RULE], store: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.key, self.decision, self.cap, self.rule, self.store, self.clock = key, decision, cap, rule, store, clock
+                 rule: ContentRule = RULES[DEFAULT_RULE], store: Any = None) -> None:
+        self.key, self.decision, self.cap, self.rule, self.store = key, decision, cap, rule, store
         self.source = "saved" if decision is not None and decision.saved else "given"
         self.evidence = rule.evidence(cap)
         self.readings: list[Reading] = []
-        self._seen: OrderedDict[str, None] = OrderedDict()  # lists read (at most SEEN)
-        self._flying: set[str] = set()  # lists being read
-        self._failures, self._retry_at, self._error = 0, 0.0, ""  # readings failing in a row, next try, last error
+        self.attempts = Attempts()  # lists read and being read, failures and retries
         self._option: str | None = None  # the decision option last installed
         self._looked = False  # the store looked up
         self._lock = threading.Lock()
 
     @property
     def _busy(self) -> int:
-        return len(self._flying)
+        return len(self.attempts.flying)
 
     def verdict(self, first_only: bool = False) -> Verdict | None:
         """The decision's verdict, or ``None`` while deciding."""
@@ -212,10 +200,7 @@ class ContentCheck:
         e = self.evidence
         why = (f"shorter than {self.rule.min_passages} passages, not read for it" if n < self.rule.min_passages else
                f"{e.queries} of at most {self.cap} queries read, e = {e.for_reads:.3g}")
-        if self._failures:
-            why += (f"; {self._failures} reading(s) failed in a row ({self._error}), next try in "
-                    f"{max(0.0, self._retry_at - self.clock()):.0f} s")
-        return f"content check deciding ({why}): kept in its given order until it decides"
+        return f"content check deciding ({why}{self.attempts.note()}): kept in its given order until it decides"
 
     def want(self, query: str, texts: Sequence[str], exclusive: bool = True) -> str | None:
         """Whether to read this list for the check now: undecided, long enough, a list not read before, not
@@ -224,40 +209,21 @@ class ContentCheck:
         if len(texts) < self.rule.min_passages:
             return None
         ident = hashlib.sha256(json.dumps([query, *texts]).encode("utf-8", "surrogatepass")).hexdigest()
-        with self._lock:
-            if (self.decision is not None or (exclusive and self._flying) or ident in self._seen
-                    or ident in self._flying or self.clock() < self._retry_at):
-                return None
-            self._flying.add(ident)
-            return ident
+        return ident if self.decision is None and self.attempts.want(ident, exclusive) else None
 
     def release(self, ident: str = "") -> None:
         """A reading ended (read, failed or dropped): a list not read may be read later."""
-        with self._lock:
-            self._flying.discard(ident)
+        self.attempts.release(ident)
 
     def failed(self, err: BaseException) -> None:
-        """A reading failed: the next waits (RETRY_BASE doubling to RETRY_MAX); one WARNING after WARN_AFTER in a row."""
-        error = f"{type(err).__name__}: {redact(str(err))[:300]}"
-        with self._lock:
-            self._failures += 1
-            self._retry_at = self.clock() + min(RETRY_MAX, RETRY_BASE * 2 ** (self._failures - 1))
-            self._error, failures = error, self._failures
-        if failures == WARN_AFTER:
-            log.warning("capcal: the content check's readings failed %d times in a row (last: %s); lists keep their "
-                        "given order meanwhile, and it tries again every %g s at most", failures, error, RETRY_MAX)
-        else:
-            log.debug("capcal: a content-check reading failed (%s); the next try waits", error)
+        """A reading failed: the next waits (:class:`~.attempts.Attempts`)."""
+        self.attempts.failed(err)
 
     def add(self, reading: Reading, form: str = "additive", ident: str = "") -> ContentDecision | None:
         """Pool one query's readings; the decision once there is one (computed here: call it off an event loop)."""
         facts = self.rule.summary(reading)
+        self.attempts.read(ident)
         with self._lock:
-            self._failures, self._retry_at = 0, 0.0
-            if ident:
-                self._seen[ident] = None
-                while len(self._seen) > SEEN:
-                    self._seen.popitem(last=False)
             if self.decision is not None:
                 return self.decision
             self.readings.append(reading)
@@ -336,39 +302,6 @@ def announce(decision: ContentDecision) -> None:
                     "pass guard=None to calibrate anyway.", decision)
 
 
-@dataclass
-class Pending:
-    """A list to read for the check: ``flow(state)`` is the :data:`~.protocol.Flow` of its readings; the runner
-    (background, or the ranking itself: :meth:`take`) then calls :meth:`deliver` with its result or :meth:`failed`
-    with its error, and :meth:`done` always (a list not delivered may be read again later)."""
-
-    check: ContentCheck
-    flow: Callable[[Any], Any]
-    form: str = "additive"
-    ident: str = ""
-
-    def deliver(self, reading: Reading) -> ContentDecision | None:
-        return self.check.add(reading, self.form, self.ident)
-
-    def failed(self, err: BaseException) -> None:
-        self.check.failed(err)
-
-    def done(self) -> None:
-        self.check.release(self.ident)
-
-    def take(self, state: Any) -> Any:
-        """The readings taken in the ranking's own flow (``check_wait``): ``None`` once delivered, or the note of
-        a reading the endpoint failed (the list then keeps its given order, and is not marked read)."""
-        try:
-            self.deliver((yield from self.flow(state)))
-            return None
-        except EndpointError as err:
-            self.failed(err)
-            return f"content check: its reading of this list failed ({type(err).__name__}), tried again later"
-        finally:
-            self.done()
-
-
 #: The most checks an endpoint state keeps (one per key: option variants); the least recently made go first.
 MAX_CHECKS = 16
 _CHECKS_LOCK = threading.Lock()
@@ -386,7 +319,7 @@ def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = Non
             check = checks.get(key)
             if check is None:
                 while len(checks) >= MAX_CHECKS:
-                    old = min(checks, key=lambda k: (checks[k].decision is None, bool(checks[k]._flying)))
+                    old = min(checks, key=lambda k: (checks[k].decision is None, checks[k]._busy > 0))
                     del checks[old]  # insertion order breaks ties: the oldest of the most droppable
                 check = checks[key] = ContentCheck(key, None, cap, rule, store)
     check.use(saved, cap)
