@@ -11,19 +11,22 @@ state per key. **The default rule** (:mod:`.query_contrast`): each query's list 
 more) is read at the first step in four orders, with the query and without it; the agreement of two slot-free
 estimates of what the query adds to the same passage pairs is the query's score, and a sequential test over the
 queries (:class:`~.contrast.Evidence`) says "reads" or "does not read" as soon as the evidence is strong either
-way (false "reads" at most 1 %, at any number of looks), or "does not read (undecided)" after ``check_lists``
-queries.
+way (false "reads" at most 1 %, at any number of looks), or "undecided" (treated as not reading) after
+``check_lists`` queries.
 
 **While undecided** every list keeps its given order (with a note): a model that does not read never
-pays in quality. The readings are taken off the request path: the reranker hands a :class:`Pending`
+pays in quality. The readings are taken off the request path: the reranker hands a :class:`~.attempts.Pending`
 reading to a background runner (at most one in flight per check; see :mod:`.reranker`), or, with
-``check_wait=True`` (batch jobs), the ranking takes them itself before it is ranked.
+``check_wait=True`` (batch jobs), the ranking takes them itself before it is ranked; a reading that fails is
+tried again later (:mod:`.attempts`).
 
 **What it cannot see**: it is label-free, so any preference the query creates passes it, whether it is
 relevance or not (matching the query's words, as BM25 does). It says "the query moves the model's ranking",
 not "toward relevance".
 
-The decision, its cache on the endpoint state and the verdict per list; no I/O.
+The decision, its cache on the endpoint state and the verdict per list; no I/O: a decision is set in one place,
+:meth:`ContentCheck.settle`, which hands it to the store the reranker set on the endpoint state
+(:mod:`.saved_decisions`: kept across processes), where the next process's check finds it.
 """
 
 from __future__ import annotations
