@@ -24,7 +24,10 @@ files, give the key in the cluster's environment (``OPENAI_API_KEY``) and pass n
 
 The content check (``guard="query"``, the default, or ``"content"``) is decided once for the whole run: the first lists
 go to one worker alone until it has decided, its decision is handed to every other worker and saved beside
-the output (``OUTPUT.decision.json``), where a resumed run picks it up (``decision=`` given wins).
+the output (``OUTPUT.decision.json``, written whole: a temporary file renamed over it), where a resumed run picks
+it up if it is about the same model and options (``decision=`` given wins); one about another model (the
+endpoint now serves other weights) or unreadable is decided afresh and replaced. Only one run at a time writes
+an output: a second is refused while the first holds ``OUTPUT.lock`` (an ``fcntl`` lock).
 
 Ray is an optional extra (``pip install "capcal-integrations[ray]"``): this module imports it only
 when a run starts, and ``import capcal_integrations`` never imports this module.
@@ -44,10 +47,11 @@ from pathlib import Path
 from typing import Any
 
 from .batchfile import finished, identities, list_hash, pending, read_rows, record, rows_of
-from .content_check import CAP
+from .content_check import CAP, decision_key, load_decision
 from .errors import InputError, MissingExtra
 from .options import Options
 from .reranker import CapCalReranker
+from .saved_decisions import write_atomically
 from .types import Ranking
 
 __all__ = ["rerank_batch", "read_rows", "finished", "pending", "identities", "list_hash", "record", "worker_options",
@@ -99,25 +103,46 @@ def rerank_batch(source: Any, output: str | os.PathLike[str], *, endpoints: Sequ
     options = worker_options(endpoints, workers, options)
     opts, saved = Options().replace(**options), decision_path(output)
     deciding = opts.guard is not None and opts.calibrated and not opts.decision
-    if deciding and saved.is_file():
-        log.info("batch: the content check's decision saved by an earlier run is used (%s)", saved)
-        options, deciding = {**options, "decision": str(saved)}, False
     if deciding:  # a batch waits for the check's readings: every list after the decision is ranked by it
         options = {"check_wait": True, **options}
     rows = rows_of(source)
     for row, key in zip(rows, identities(rows)):
         if key[0] == "list" and key[2]:
             row["copy"] = key[2]
-    todo = pending(rows, finished(output))
-    skipped = len(rows) - len(todo)
-    if skipped:
-        log.info("batch: %d of %d lists already in %s; ranking the other %d", skipped, len(rows), output, len(todo))
-    if todo:
-        with _key_file(api_key) as key_file:
-            _run(todo, Path(output), [endpoints[k % len(endpoints)] for k in range(workers)], lists_per_worker,
-                 dict(model=model, **options), top_n, progress, total=len(rows), skipped=skipped, deciding=deciding,
-                 key_file=key_file)
+    with _output_lock(Path(output)):
+        todo = pending(rows, finished(output))
+        skipped = len(rows) - len(todo)
+        if skipped:
+            log.info("batch: %d of %d lists already in %s; ranking the other %d", skipped, len(rows), output, len(todo))
+        if todo:
+            with _key_file(api_key) as key_file:
+                _run(todo, Path(output), [endpoints[k % len(endpoints)] for k in range(workers)], lists_per_worker,
+                     dict(model=model, **options), top_n, progress, total=len(rows), skipped=skipped, deciding=deciding,
+                     key_file=key_file, saved=saved if deciding and saved.is_file() else None)
     return BatchResult(len(todo), skipped, Path(output))
+
+
+@contextlib.contextmanager
+def _output_lock(output: Path) -> Iterator[None]:
+    """Hold ``OUTPUT.lock`` (``fcntl.flock``, not waited for) while a run writes ``output``: a second run on the
+    same output is an :class:`~.errors.InputError`. The lock file stays (removing it would let a third run lock a
+    new file while the second holds the old one)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no lock
+        yield
+        return
+    path = Path(str(output) + ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"another capcal batch run is writing {output} (it holds {path}): wait for it to end, "
+                             "or write another output") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -157,7 +182,7 @@ def decision_path(output: str | os.PathLike[str]) -> Path:
 
 def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int, settings: dict[str, Any],
          top_n: int | None, progress: bool, *, total: int, skipped: int, deciding: bool = False,
-         key_file: str | None = None) -> None:
+         key_file: str | None = None, saved: Path | None = None) -> None:
     try:
         import ray
     except ImportError:
@@ -167,6 +192,15 @@ def _run(rows: list[dict[str, Any]], output: Path, urls: list[str], at_once: int
     if not ray.is_initialized():
         ray.init()
     actors = [_worker_class(ray).remote(url, settings, key_file) for url in urls]  # the key's path, never the key
+    if saved is not None:  # an earlier run's decision: used if it is about this model and these options
+        text = saved.read_text(encoding="utf-8")
+        if ray.get(actors[0].applies.remote(text)):
+            ray.get([actor.use_decision.remote(text) for actor in actors])
+            log.info("batch: the content check's decision saved by an earlier run is used (%s)", saved)
+            deciding = False
+        else:
+            log.warning("batch: %s is not a decision about this model and these options (another model's, other "
+                        "options, or unreadable): decided afresh, and replaced", saved)
     lists = int(settings.get("check_lists", CAP))
     first = rows[:lists] if deciding and len(actors) > 1 else []  # to one worker, until it has decided
     rest = rows[len(first):]
@@ -196,7 +230,7 @@ def _saved_decision(ray: Any, actor: Any, output: Path) -> str | None:
     """The content check's decision ``actor`` has taken (``None`` before it has), saved beside ``output``."""
     decision = ray.get(actor.decision.remote())
     if decision is not None:
-        decision_path(output).write_text(decision + "\n", encoding="utf-8")
+        write_atomically(decision_path(output), decision + "\n")
         log.info("batch: the content check's decision saved in %s", decision_path(output))
     return decision
 
@@ -252,6 +286,15 @@ def _worker_class(ray: Any) -> Any:
 
             def use_decision(self, decision: str) -> None:
                 self.reranker = self.reranker.with_options(decision=decision)
+
+            def applies(self, decision: str) -> bool:
+                """Whether a saved decision is about this endpoint's model and these options."""
+                try:
+                    key = load_decision(decision).key
+                except InputError:
+                    return False
+                caps = self.reranker.capabilities()
+                return key == decision_key(caps.model, caps.weights, self.reranker.options)
 
         _WORKER = Worker
     return _WORKER

@@ -11,19 +11,22 @@ state per key. **The default rule** (:mod:`.query_contrast`): each query's list 
 more) is read at the first step in four orders, with the query and without it; the agreement of two slot-free
 estimates of what the query adds to the same passage pairs is the query's score, and a sequential test over the
 queries (:class:`~.contrast.Evidence`) says "reads" or "does not read" as soon as the evidence is strong either
-way (false "reads" at most 1 %, at any number of looks), or "does not read (undecided)" after ``check_lists``
-queries.
+way (false "reads" at most 1 %, at any number of looks), or "undecided" (treated as not reading) after
+``check_lists`` queries.
 
 **While undecided** every list keeps its given order (with a note): a model that does not read never
-pays in quality. The readings are taken off the request path: the reranker hands a :class:`Pending`
+pays in quality. The readings are taken off the request path: the reranker hands a :class:`~.attempts.Pending`
 reading to a background runner (at most one in flight per check; see :mod:`.reranker`), or, with
-``check_wait=True`` (batch jobs), the ranking takes them itself before it is ranked.
+``check_wait=True`` (batch jobs), the ranking takes them itself before it is ranked; a reading that fails is
+tried again later (:mod:`.attempts`).
 
 **What it cannot see**: it is label-free, so any preference the query creates passes it, whether it is
 relevance or not (matching the query's words, as BM25 does). It says "the query moves the model's ranking",
 not "toward relevance".
 
-The decision, its cache on the endpoint state and the verdict per list; no I/O.
+The decision, its cache on the endpoint state and the verdict per list; no I/O: a decision is set in one place,
+:meth:`ContentCheck.settle`, which hands it to the store the reranker set on the endpoint state
+(:mod:`.saved_decisions`: kept across processes), where the next process's check finds it.
 """
 
 from __future__ import annotations
@@ -32,17 +35,19 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .attempts import Attempts, Pending
 from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Reading
 from .errors import InputError
 from .files import option_text
 from .rules import DEFAULT_RULE, RULES, ContentRule
+from .typed_json import fields_of
 
 __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "ContentDecision", "Verdict",
-           "ContentCheck", "Pending", "decision_key", "load_decision", "check_for", "check_of", "decision_of"]
+           "ContentCheck", "Pending", "decision_key", "load_decision", "check_for", "check_of", "decision_of", "adopt"]
 
 log = logging.getLogger("capcal_integrations")
 
@@ -106,9 +111,11 @@ class ContentDecision:
         if self.reads:
             verdict = (f"the model reads the passages ({evidence}); alpha {self.alpha:g} (first-token "
                        f"{self.alpha_first_token:g}) chosen label-free")
+        elif self.verdict == "undecided":  # stopped at the cap: neither side reached its threshold
+            verdict = (f"undecided at the cap ({evidence}), so treated as not reading: lists keep their given order; "
+                       "a larger check_lists reads on")
         else:
-            verdict = (f"{'undecided, so treated as ' if self.verdict == 'undecided' else ''}no content signal "
-                       f"that follows the first stage ({evidence}): lists keep their given order")
+            verdict = f"no content signal that follows the first stage ({evidence}): lists keep their given order"
         return f"content check on {self.lists} queries{' (saved)' if self.saved else ''} for {about}: {verdict}"
 
     def to_json(self) -> str:
@@ -119,18 +126,23 @@ class ContentDecision:
 
     @classmethod
     def from_json(cls, text: str) -> ContentDecision:
+        """A decision from its JSON, every field checked against its type (:mod:`.typed_json`): data from disk."""
+        what = "cannot read the saved content decision"
         try:
             values = json.loads(text)
-            version = values.pop("capcal_content_decision", None)
-            if version != 2:
-                raise ValueError("not a capcal content decision of this version ('capcal_content_decision': 2"
-                                 f"{'; version 1 decisions came from the older check: decide again' if version == 1 else ''})")
-            values["key"] = tuple((str(k), str(v)) for k, v in values["key"].items())
-            values["curve"] = tuple((float(a), float(t)) for a, t in values["curve"])
-            return cls(**values, saved=True)
-        except (ValueError, TypeError, KeyError, AttributeError) as err:
-            raise InputError(f"cannot read the saved content decision: {err}; pass the JSON of "
-                             "ContentDecision.to_json() or a file holding it") from None
+        except ValueError as err:
+            raise InputError(f"{what}: not JSON ({err}); pass the JSON of ContentDecision.to_json() or a file "
+                             "holding it") from None
+        if not isinstance(values, dict):
+            raise InputError(f"{what}: expected a JSON object, got {type(values).__name__}")
+        version = values.pop("capcal_content_decision", None)
+        if version != 2:
+            raise InputError(f"{what}: not a capcal content decision of this version ('capcal_content_decision': 2"
+                             f"{'; version 1 decisions came from the older check: decide again' if version == 1 else ''})"
+                             "; pass the JSON of ContentDecision.to_json() or a file holding it")
+        if isinstance(values.get("key"), dict):
+            values["key"] = list(values["key"].items())
+        return cls(**fields_of(cls, values, what, skip=("saved",)), saved=True)
 
 
 def load_decision(raw: str) -> ContentDecision:
@@ -150,16 +162,24 @@ class Verdict:
 
 class ContentCheck:
     """The check of one key (:func:`decision_key`): the evidence pooled while deciding, then the decision.
-    Shared by every ranking on the endpoint state (threads included)."""
+    Shared by every ranking on the endpoint state (threads included). Its decision is set in one place,
+    :meth:`settle` (the rule's, the store's, the ``decision`` option's, :func:`adopt`'s), which announces it and
+    saves it in ``store`` (an object with ``load(key)`` and ``save(decision, source)``: :mod:`.saved_decisions`)."""
 
     def __init__(self, key: Key, decision: ContentDecision | None = None, cap: int = CAP,
-                 rule: ContentRule = RULES[DEFAULT_RULE]) -> None:
-        self.key, self.decision, self.cap, self.rule = key, decision, cap, rule
+                 rule: ContentRule = RULES[DEFAULT_RULE], store: Any = None) -> None:
+        self.key, self.decision, self.cap, self.rule, self.store = key, decision, cap, rule, store
+        self.source = "saved" if decision is not None and decision.saved else "given"
         self.evidence = rule.evidence(cap)
         self.readings: list[Reading] = []
-        self._seen: set[str] = set()
-        self._busy = 0  # readings in flight
+        self.attempts = Attempts()  # lists read and being read, failures and retries
+        self._option: str | None = None  # the decision option last installed
+        self._looked = False  # the store looked up
         self._lock = threading.Lock()
+
+    @property
+    def _busy(self) -> int:
+        return len(self.attempts.flying)
 
     def verdict(self, first_only: bool = False) -> Verdict | None:
         """The decision's verdict, or ``None`` while deciding."""
@@ -168,9 +188,14 @@ class ContentCheck:
             return None
         alpha = d.alpha_first_token if first_only else d.alpha
         about = f"content check ({d.lists} queries, e = {d.e_value:.3g}{', saved' if d.saved else ''})"
-        note = (f"{about}: the model reads the passages; calibrated at alpha {alpha:g}" if d.reads else
-                f"{about}: {'undecided after the cap, so ' if d.verdict == 'undecided' else ''}no content signal "
-                "beyond the slot effects; kept in its given order (guard=None calibrates anyway)")
+        if d.reads:
+            note = f"{about}: the model reads the passages; calibrated at alpha {alpha:g}"
+        elif d.verdict == "undecided":
+            note = (f"{about}: undecided at the cap, treated as not reading; kept in its given order (a larger "
+                    "check_lists reads on; guard=None calibrates anyway)")
+        else:
+            note = (f"{about}: no content signal beyond the slot effects; kept in its given order (guard=None "
+                    "calibrates anyway)")
         return Verdict(d.reads, alpha, note)
 
     def pending_note(self, n: int) -> str:
@@ -178,29 +203,29 @@ class ContentCheck:
         e = self.evidence
         why = (f"shorter than {self.rule.min_passages} passages, not read for it" if n < self.rule.min_passages else
                f"{e.queries} of at most {self.cap} queries read, e = {e.for_reads:.3g}")
-        return f"content check deciding ({why}): kept in its given order until it decides"
+        return f"content check deciding ({why}{self.attempts.note()}): kept in its given order until it decides"
 
-    def want(self, query: str, texts: Sequence[str], exclusive: bool = True) -> bool:
-        """Whether to read this list for the check now: undecided, long enough, a list not read before and
-        (``exclusive``: background readings) no other reading in flight; then one more is in flight until
-        :meth:`release`."""
+    def want(self, query: str, texts: Sequence[str], exclusive: bool = True) -> str | None:
+        """Whether to read this list for the check now: undecided, long enough, a list not read before, not
+        waiting after failed readings and (``exclusive``: background readings) no other reading in flight; then
+        the list's identity (truthy), in flight until :meth:`release`."""
         if len(texts) < self.rule.min_passages:
-            return False
+            return None
         ident = hashlib.sha256(json.dumps([query, *texts]).encode("utf-8", "surrogatepass")).hexdigest()
-        with self._lock:
-            if self.decision is not None or (exclusive and self._busy) or ident in self._seen:
-                return False
-            self._seen.add(ident)
-            self._busy += 1
-            return True
+        return ident if self.decision is None and self.attempts.want(ident, exclusive) else None
 
-    def release(self) -> None:
-        with self._lock:
-            self._busy = max(0, self._busy - 1)
+    def release(self, ident: str = "") -> None:
+        """A reading ended (read, failed or dropped): a list not read may be read later."""
+        self.attempts.release(ident)
 
-    def add(self, reading: Reading, form: str = "additive") -> ContentDecision | None:
+    def failed(self, err: BaseException) -> None:
+        """A reading failed: the next waits (:class:`~.attempts.Attempts`)."""
+        self.attempts.failed(err)
+
+    def add(self, reading: Reading, form: str = "additive", ident: str = "") -> ContentDecision | None:
         """Pool one query's readings; the decision once there is one (computed here: call it off an event loop)."""
         facts = self.rule.summary(reading)
+        self.attempts.read(ident)
         with self._lock:
             if self.decision is not None:
                 return self.decision
@@ -209,12 +234,57 @@ class ContentCheck:
             if verdict is None:
                 return None
             readings = list(self.readings)
-        decision = self._decide(verdict, readings, form)
+        return self.settle(self._decide(verdict, readings, form), f"rule {self.rule.name!r}", first=True)
+
+    def settle(self, decision: ContentDecision, source: str, first: bool = False) -> ContentDecision:
+        """The one place a decision is set: installed (``first``: only if none is), announced in one log line and
+        saved in the store (unless it came from there: ``source`` ``"saved"``). Returns the decision in force."""
         with self._lock:
-            if self.decision is None:
-                self.decision = decision
-                announce(decision)
-            return self.decision
+            if self.decision is decision or (first and self.decision is not None):
+                return self.decision  # type: ignore[return-value]
+            self.decision, self.source = decision, source
+        announce(decision)
+        if self.store is not None and source != "saved":
+            self.store.save(decision, source)
+        return decision
+
+    def use(self, saved: str | None, cap: int) -> None:
+        """What a ranking's options ask of the check: a ``decision`` option not installed yet (it wins: installed
+        if about this key, else a warning), a new cap (``check_lists``), and once, the store's decision."""
+        if saved and saved != self._option:
+            decision = load_decision(saved)
+            self._option = saved
+            if decision.key != self.key:
+                theirs, ours = dict(decision.key), dict(self.key)
+                differ = {k: (theirs.get(k), ours.get(k)) for k in {*theirs, *ours} if theirs.get(k) != ours.get(k)}
+                log.warning("capcal: the saved content decision is about another model or other options (saved vs now: "
+                            "%s): not used, deciding afresh (or with this key's kept decision)", differ)
+            else:
+                self.settle(decision, "option")
+        if cap != self.cap:
+            self._recap(cap)
+        if self.decision is None and self.store is not None and not self._looked:
+            self._looked = True
+            stored = self.store.load(self.key)
+            if stored is not None and not (stored.verdict == "undecided" and stored.lists < self.cap):
+                self.settle(stored, "saved", first=True)
+
+    def _recap(self, cap: int) -> None:
+        """A new ``check_lists``: an "undecided" at a smaller cap reads on (the e-process may go on: it is valid at
+        any stopping time); a check past a smaller one stops undecided now."""
+        with self._lock:
+            self.cap = self.evidence.cap = cap
+            d, e = self.decision, self.evidence
+            if d is not None and d.verdict == "undecided" and d.lists < cap and self.source != "option":
+                self.decision, self._looked = None, True
+                if e.verdict == "undecided":
+                    e.verdict = None
+                log.info("capcal: check_lists raised to %d: the content check reads on after %d queries", cap, e.queries)
+                return
+            if d is not None or e.verdict is not None or e.queries < cap:
+                return
+            e.verdict, readings = "undecided", list(self.readings)
+        self.settle(self._decide("undecided", readings, "additive"), f"rule {self.rule.name!r}", first=True)
 
     def _decide(self, verdict: str, readings: list[Reading], form: str) -> ContentDecision:
         e = self.evidence
@@ -235,45 +305,33 @@ def announce(decision: ContentDecision) -> None:
                     "pass guard=None to calibrate anyway.", decision)
 
 
-@dataclass
-class Pending:
-    """A list to read for the check: ``flow(state)`` is the :data:`~.protocol.Flow` of its readings; the runner
-    (background or the ranking itself) then calls :meth:`deliver` with its result, and :meth:`done` always."""
-
-    check: ContentCheck
-    flow: Callable[[Any], Any]
-    form: str = "additive"
-
-    def deliver(self, reading: Reading) -> ContentDecision | None:
-        return self.check.add(reading, self.form)
-
-    def done(self) -> None:
-        self.check.release()
-
-
+#: The most checks an endpoint state keeps (one per key: option variants); the least recently made go first.
+MAX_CHECKS = 16
 _CHECKS_LOCK = threading.Lock()
 
 
 def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, cap: int = CAP,
-              rule: ContentRule = RULES[DEFAULT_RULE]) -> ContentCheck:
-    """The check for ``key`` in an endpoint state's ``checks``, made on first use (by ``rule``); seeded with the
-    ``saved`` decision (JSON or a file) when that decision is about the same key (else a warning, and decided
-    afresh)."""
+              rule: ContentRule = RULES[DEFAULT_RULE], store: Any = None) -> ContentCheck:
+    """The check for ``key`` in an endpoint state's ``checks``, made on first use (by ``rule``; at most
+    :data:`MAX_CHECKS`, decided ones and idle ones dropped first); what the options ask of it applied
+    (:meth:`ContentCheck.use`: the ``saved`` decision, JSON or a file, wins where it is about the same key, else a
+    warning; a new ``cap``; the ``store``'s decision for the key)."""
     check = checks.get(key)
-    if check is not None:
-        return check
-    decision = load_decision(saved) if saved else None
-    if decision is not None and decision.key != key:
-        theirs, ours = dict(decision.key), dict(key)
-        differ = {k: (theirs.get(k), ours.get(k)) for k in {*theirs, *ours} if theirs.get(k) != ours.get(k)}
-        log.warning("capcal: the saved content decision is about another model or other options (saved vs now: %s): "
-                    "deciding afresh", differ)
-        decision = None
-    with _CHECKS_LOCK:
-        check = checks.setdefault(key, ContentCheck(key, decision, cap, rule))
-    if decision is not None and check.decision is decision:
-        announce(decision)
+    if check is None:
+        with _CHECKS_LOCK:
+            check = checks.get(key)
+            if check is None:
+                while len(checks) >= MAX_CHECKS:
+                    old = min(checks, key=lambda k: (checks[k].decision is None, checks[k]._busy > 0))
+                    del checks[old]  # insertion order breaks ties: the oldest of the most droppable
+                check = checks[key] = ContentCheck(key, None, cap, rule, store)
+    check.use(saved, cap)
     return check
+
+
+def _store(state: Any) -> Any:
+    """The decision store the reranker set on the endpoint state (``decisions``), if any."""
+    return getattr(state, "decisions", None) or getattr(getattr(state, "shared", None), "decisions", None)
 
 
 def _key(state: Any, opts: Any) -> Key:
@@ -286,15 +344,29 @@ def check_of(state: Any, opts: Any) -> ContentCheck | None:
     (:data:`~.rules.RULES`)."""
     if not opts.calibrated or opts.guard is None:
         return None
-    return check_for(state.content, _key(state, opts), opts.decision, opts.check_lists, RULES[opts.guard])
+    return check_for(state.content, _key(state, opts), opts.decision, opts.check_lists, RULES[opts.guard], _store(state))
 
 
 def decision_of(state: Any, opts: Any) -> ContentDecision | None:
-    """The decision taken (or loaded) for these options on this endpoint state, ``None`` before it is."""
+    """The decision taken (or loaded: the ``decision`` option, the store) for these options on this endpoint
+    state, ``None`` before it is."""
     if state.caps is None:
         return None
     key = _key(state, opts)
-    check = state.content.get(key)
-    if check is None and opts.decision:
-        check = check_for(state.content, key, opts.decision)
+    if opts.guard is None:
+        check = state.content.get(key)
+    else:
+        check = check_for(state.content, key, opts.decision, opts.check_lists, RULES[opts.guard], _store(state))
     return check.decision if check is not None else None
+
+
+def adopt(state: Any, opts: Any, decision: ContentDecision) -> ContentDecision:
+    """Install ``decision`` (taken elsewhere, e.g. from judged queries) on the check of these options' key on this
+    probed endpoint state, announced and saved like the check's own (:meth:`ContentCheck.settle`); an
+    :class:`~.errors.InputError` if it is about another key."""
+    key = _key(state, opts)
+    if decision.key != key:
+        raise InputError(f"the decision is about another model or other options than these ({dict(decision.key)} "
+                         f"vs {dict(key)})")
+    check = check_for(state.content, key, None, opts.check_lists, RULES[opts.guard or DEFAULT_RULE], _store(state))
+    return check.settle(decision, getattr(decision, "source", None) or "adopted")

@@ -8,9 +8,10 @@ import asyncio
 import atexit
 import logging
 import os
+import queue
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -24,8 +25,8 @@ from .errors import InputError
 from .options import Options, option_docs
 from .probe import capabilities
 from .protocol import EndpointState
-from .redaction import redact
 from .routing import for_list
+from .saved_decisions import STORE
 from .strategies import rerank_flow
 from .types import Capabilities, Ranking, Usage
 
@@ -64,9 +65,10 @@ class CapCalReranker:
                                 async_http_client=async_http_client, client=client, async_client=async_client)
         self._state = EndpointState(model or os.environ.get("CAPCAL_MODEL"))
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._tasks: set[asyncio.Task] = set()
-        # the content check's readings run in a thread over the sync client, which outlives any event loop
-        # (asyncio.run per query would cancel a task); only a transport given for async alone keeps them on the loop
+        object.__setattr__(self._state, "decisions", STORE)  # decisions kept across processes (.saved_decisions)
+        # the content check's readings run on one thread of this endpoint's (shared by with_options copies), over
+        # the sync client, or where a transport was given for async alone, over it on the thread's own event loop
+        self._readings = _Readings()
         self._readings_in_thread = (client is not None or http_client is not None
                                     or (async_client is None and async_http_client is None))
 
@@ -144,8 +146,7 @@ class CapCalReranker:
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
         state = self._state.for_ranking(self.options.routed)
-        runner = self._read_in_thread if self._readings_in_thread else self._read_in_task
-        object.__setattr__(state, "background", runner)  # this view's own (not the endpoint's)
+        object.__setattr__(state, "background", self._read_in_thread)  # this view's own (not the endpoint's)
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state),
                                             self.options.deadline))
@@ -153,44 +154,23 @@ class CapCalReranker:
     # ------------------------------------------------------------------ the content check's readings
 
     def _read_in_thread(self, pending: Pending) -> None:
-        """Take a content-check reading off the request path: in a daemon thread, over the sync client."""
-        if _closing.is_set():
-            pending.done()
-            return
+        """Take a content-check reading off the request path: on this endpoint's reading thread
+        (:class:`_Readings`), over the sync client, or over the async client on the thread's own event loop
+        where only an async transport was given (a caller's loop may close under a task: ``asyncio.run`` per call)."""
+        readings = self._readings
 
         def work() -> None:
-            try:
-                view = self._state.for_ranking(self.options.routed)
-                reading, _ = run_sync(pending.flow(view), self.client, for_list(self.options.routing_header, view))
-                pending.deliver(reading)
-            except Exception as err:  # noqa: BLE001 - a reading is best effort: the check reads a later list
-                _reading_failed(err)
-            finally:
-                pending.done()
+            view = self._state.for_ranking(self.options.routed)
+            route = for_list(self.options.routing_header, view)
+            if self._readings_in_thread:
+                reading, _ = run_sync(pending.flow(view), self.client, route)
+            else:
+                async def read() -> Any:
+                    return await run_async(pending.flow(view), self.async_client, self._limit(), route)
+                reading, _ = readings.loop().run_until_complete(read())
+            pending.deliver(reading)
 
-        threading.Thread(target=work, name="capcal-content-check", daemon=True).start()
-
-    def _read_in_task(self, pending: Pending) -> None:
-        """Take a content-check reading off the request path: a task on the running event loop (cancelled with
-        it: the reading is dropped), its decision computed in a worker thread. For async-only transports."""
-        if _closing.is_set():
-            pending.done()
-            return
-
-        async def work() -> None:
-            try:
-                view = self._state.for_ranking(self.options.routed)
-                reading, _ = await run_async(pending.flow(view), self.async_client, self._limit(),
-                                             for_list(self.options.routing_header, view))
-                await asyncio.to_thread(pending.deliver, reading)
-            except Exception as err:  # noqa: BLE001 - as in _read_in_thread
-                _reading_failed(err)
-            finally:
-                pending.done()
-
-        task = asyncio.get_running_loop().create_task(work())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        readings.submit(work, pending)
 
     def rerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *, concurrency: int | None = None) -> list[Ranking]:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync
@@ -228,9 +208,63 @@ class CapCalReranker:
         return max(1, caps.slots // prompts)
 
 
-def _reading_failed(err: BaseException) -> None:
-    log.warning("capcal: a content-check reading failed (%s: %s); the check reads a later list instead",
-                type(err).__name__, redact(str(err))[:300])
+class _Readings:
+    """The content check's readings of one endpoint state (a reranker and its ``with_options`` copies), off the
+    request path: one daemon thread, however many option variants, one reading at a time, at most
+    :data:`QUEUED` waiting (a list handed over beyond that is dropped, and may be read later). The thread ends after
+    :data:`IDLE` seconds without work. A reading that raises is the check's to count (``pending.failed``: retried
+    later with backoff, one WARNING)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Callable[[], None], Pending]] = queue.Queue(maxsize=QUEUED)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, work: Callable[[], None], pending: Pending) -> None:
+        if _closing.is_set():
+            pending.done()
+            return
+        try:
+            self._queue.put_nowait((work, pending))
+        except queue.Full:
+            pending.done()
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="capcal-content-check", daemon=True)
+                self._thread.start()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The reading thread's own event loop (made on first use; called on that thread only)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    def _run(self) -> None:
+        while True:
+            try:
+                work, pending = self._queue.get(timeout=IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._thread = None
+                        if self._loop is not None:
+                            self._loop.close()
+                            self._loop = None
+                        return
+                continue
+            try:
+                if not _closing.is_set():
+                    work()
+            except Exception as err:  # noqa: BLE001 - a reading is best effort: the check counts it and tries later
+                pending.failed(err)
+            finally:
+                pending.done()
+
+
+#: Readings waiting for an endpoint's reading thread at most; seconds it waits for one before it ends.
+QUEUED, IDLE = 4, 30.0
 
 
 def _with_usage(ranking: Ranking, usage: Usage) -> Ranking:

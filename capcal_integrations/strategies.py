@@ -122,24 +122,22 @@ def _checked(state: EndpointState, opts: Options, query: str,
         return opts, None, ()
     top = texts[:opts.window]
     checked: tuple[int, ...] = ()
+    failed: tuple[str, ...] = ()
     runner = None if opts.check_wait else getattr(state, "background", None)
-    if check.verdict() is None and check.want(query, top, exclusive=runner is not None):
-        pending = Pending(check, lambda view: check_readings(view, opts, query, top, check.rule), opts.calibration)
+    if check.verdict() is None and (ident := check.want(query, top, exclusive=runner is not None)):
+        pending = Pending(check, lambda view: check_readings(view, opts, query, top, check.rule), opts.calibration, ident)
         if runner is not None:
             runner(pending)
-        else:
-            try:
-                pending.deliver((yield from pending.flow(state)))
-                checked = (0,)
-            finally:
-                pending.done()
+        else:  # a failed reading leaves the list in its given order, with a note (Pending.take)
+            failure = yield from pending.take(state)
+            checked, failed = ((), (failure,)) if failure else ((0,), ())
     verdict = check.verdict(first_only)
     if verdict is not None and verdict.reads:
         resolved = opts.replace(alpha=verdict.alpha) if opts.alpha == "auto" else opts
         return resolved, None, (verdict.note,)
     n = len(texts)
     note = verdict.note if verdict is not None else check.pending_note(len(top))
-    return opts, Ranking(tuple(range(n)), rank_scores(list(range(n)), [0.0] * n), "given-order", notes=(note,),
+    return opts, Ranking(tuple(range(n)), rank_scores(list(range(n)), [0.0] * n), "given-order", notes=(note, *failed),
                          guarded=(0,), decoded=0, checked=checked, kept_given_order=True), ()
 
 

@@ -148,8 +148,10 @@ class _Ray:
                     ray.actor_args.append(args)
                     instance = cls(*args)
                     handle = type("Handle", (), {})()
-                    for name in ("rank", "decision", "use_decision"):
-                        method = getattr(instance, name)
+                    for name in ("rank", "decision", "use_decision", "applies"):
+                        method = getattr(instance, name, None)
+                        if method is None:
+                            continue
                         setattr(handle, name, type("M", (), {"remote": staticmethod(ray._call(method))})())
                     return handle
             return Actor

@@ -464,7 +464,7 @@ def _idle(rr, seconds=10.0):
         time.sleep(0.01)
 
 
-def test_readings_survive_asyncio_run_per_query_and_stay_on_the_loop_for_async_only_transports():
+def test_readings_survive_asyncio_run_per_query_and_run_on_a_loop_of_their_own_for_async_only_transports():
     from capcal_integrations import CapCalReranker
 
     data = lists(20)
@@ -482,7 +482,7 @@ def test_readings_survive_asyncio_run_per_query_and_stay_on_the_loop_for_async_o
     async def rank_all():
         for q, p, _ in data:
             await only.arerank(q, p)
-            while only._tasks:  # the reading's task on this loop
+            while any(c._busy for c in only._state.content.values()):  # the reading, on the library's own loop
                 await asyncio.sleep(0.01)
             if only.content_decision() is not None:
                 return

@@ -1,0 +1,67 @@
+"""``capcal decisions``: the content decisions kept across processes (:mod:`.saved_decisions`).
+
+    capcal decisions                   # one line each: id, model, key, verdict, source, when
+    capcal decisions --json            # the same as JSON rows
+    capcal decisions forget 3fa9c2     # the decision whose id starts so (or every one of a model)
+    capcal decisions forget --all
+
+A forgotten decision is taken again by the next ranking that needs it (the content check decides afresh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from .errors import InputError
+from .saved_decisions import STORE, describe
+
+__all__ = ["main", "parser"]
+
+
+def _out(text: str, stream: TextIO | None = None) -> None:
+    (stream or sys.stdout).write(text + "\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="capcal decisions", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="JSON rows instead of a table")
+    p.add_argument("-v", "--verbose", action="store_true", help="(accepted for symmetry; nothing more is logged)")
+    sub = p.add_subparsers(dest="action")
+    forget = sub.add_parser("forget", help="delete saved decisions: one by id (a prefix), a model's, or --all")
+    forget.add_argument("which", nargs="?", help="an id (or its first digits, as listed) or a model name")
+    forget.add_argument("--all", action="store_true", help="every saved decision")
+    forget.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON rows of those deleted")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    where = STORE.folder
+    if args.action == "forget":
+        if bool(args.all) == bool(args.which):
+            raise InputError("capcal decisions forget needs an id (or a model) or --all, not both")
+        rows = [describe(s) for s in STORE.forget(None if args.all else args.which)]
+        verb = "forgot"
+    else:
+        rows, verb = [describe(s) for s in STORE.entries()], ""
+    if args.json:
+        _out(json.dumps(rows, indent=1))
+        return 0
+    if where is None:
+        _out("capcal decisions: none are kept (CAPCAL_DECISIONS_DIR=off)")
+        return 0
+    if not rows:
+        _out(f"capcal decisions: none {'matched' if verb else 'saved'} in {where}")
+        return 0
+    for r in rows:
+        lists = f" after {r['lists']} queries" if r["lists"] is not None else ""
+        _out(f"{verb + ' ' if verb else ''}{r['id']}  {r['model']}  [{r['key']}]  {r['verdict']}{lists}  "
+              f"({r['source'] or 'unknown source'}, {r['saved_at'] or 'unknown time'})")
+    if not verb:
+        _out(f"({len(rows)} in {where}; capcal decisions forget ID|--all deletes)", sys.stderr)
+    return 0
