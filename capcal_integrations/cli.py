@@ -25,6 +25,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .calibration import FORMS
+from .decide_command import add_parser as add_decide_parser
+from .decide_command import run as run_decide
 from .errors import CapCalError, InputError, SetupError
 from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
@@ -276,6 +278,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- key
 
 
+def cmd_decide(args: argparse.Namespace) -> int:
+    with _endpoint(args) as found:
+        return run_decide(args, _reranker(args, found))
+
+
 def cmd_key(args: argparse.Namespace) -> int:
     """Print the key of the server this user's ``capcal serve`` runs on ``--port`` (after the checks that it is
     that server), alone on stdout: ``export CAPCAL_API_KEY=$(capcal key)``."""
@@ -351,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "no tokenizer routes): method auto then runs first-token-capcal")
     _add_method_options(p)
 
+    add_decide_parser(sub, _add_method_options)
+
     for command in sub.choices.values():  # -v after the command too (its default does not hide one given before)
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="log requests and decisions")
@@ -423,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, "%(name)s: %(message)s")
     logging.getLogger("capcal_integrations.server").setLevel(logging.INFO)  # say when a local server starts
-    commands = {"serve": serve_command, "key": cmd_key, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo}
+    commands = {"serve": serve_command, "key": cmd_key, "rerank": cmd_rerank, "tune": cmd_tune, "demo": cmd_demo,
+                "decide": cmd_decide}
     return _handled(lambda: commands[args.command](args), args.verbose)
 
 

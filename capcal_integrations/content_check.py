@@ -34,7 +34,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -102,10 +104,18 @@ class ContentDecision:
     level: float = LEVEL
     aligned: float = 1.0  # the queries' mean alignment with the first stage's order (contrast.alignment)
     e_aligned: float = 1.0  # the evidence that it goes the first stage's way ("reads" needs contrast.ALIGN_E)
+    judged: int = 0  # decided from this many judged queries (CapCalReranker.decide; :mod:`.judged`), 0: label-free
+    gain: float = 0.0  # judged: the mean nDCG@10 gain of calibrating over the given order
+    gain_low: float = 0.0  # judged: the lower end of its two-sided 95 % interval (> 0: calibrate)
+    gain_high: float = 0.0  # judged: its upper end
+    uncalibrated_gain: float = 0.0  # judged: the uncalibrated method's mean nDCG@10 gain over the given order
     saved: bool = field(default=False, compare=False)  # loaded from a saved decision
 
     def __str__(self) -> str:
         about = ", ".join(f"{k} {v!r}" for k, v in self.key if k in ("model", "weights", "template", "prompt"))
+        if self.judged:
+            return (f"decision from {self.judged} judged queries{' (saved)' if self.saved else ''} for {about}: "
+                    f"{self.labels_note()}")
         evidence = (f"e = {self.e_value:.3g}, p <= {self.p_value:.3g}, mean agreement {self.score:.2f}, "
                     f"alignment {self.aligned:+.2f} (e = {self.e_aligned:.3g})")
         if self.reads:
@@ -117,6 +127,13 @@ class ContentDecision:
         else:
             verdict = f"no content signal that follows the first stage ({evidence}): lists keep their given order"
         return f"content check on {self.lists} queries{' (saved)' if self.saved else ''} for {about}: {verdict}"
+
+    def labels_note(self) -> str:
+        """What a decision from judged queries found, in one clause."""
+        verdict = (f"calibrated at alpha {self.alpha:g}" if self.reads else
+                   "kept in its given order (calibrating did not beat it; guard=None calibrates anyway)")
+        return (f"calibrating gains {self.gain:+.3f} nDCG@10 over the given order (95 % interval {self.gain_low:+.3f} "
+                f"to {self.gain_high:+.3f}; uncalibrated {self.uncalibrated_gain:+.3f}): {verdict}")
 
     def to_json(self) -> str:
         values = asdict(self)
@@ -148,6 +165,18 @@ class ContentDecision:
 def load_decision(raw: str) -> ContentDecision:
     """A saved decision from its JSON text or from a file holding it (read afresh at every call)."""
     return ContentDecision.from_json(option_text(raw, "the saved content decision"))
+
+
+def query_identity(query: str) -> str:
+    """A query's identity for the check: its words, case and compatibility forms folded, punctuation and spacing
+    dropped. The check's e-values assume each query is a new draw; the same query asked again (with another
+    passage, another capitalisation) would be the same evidence counted twice (issue 33: repeated queries).
+
+    >>> query_identity("What is a  Flea?") == query_identity("what is a flea") != query_identity("what is a tick")
+    True
+    """
+    words = re.findall(r"\w+", unicodedata.normalize("NFKC", query).casefold())
+    return hashlib.sha256(" ".join(words).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -187,6 +216,9 @@ class ContentCheck:
         if d is None:
             return None
         alpha = d.alpha_first_token if first_only else d.alpha
+        if d.judged:
+            return Verdict(d.reads, alpha, f"decided from {d.judged} judged queries{' (saved)' if d.saved else ''}: "
+                                           f"{d.labels_note()}")
         about = f"content check ({d.lists} queries, e = {d.e_value:.3g}{', saved' if d.saved else ''})"
         if d.reads:
             note = f"{about}: the model reads the passages; calibrated at alpha {alpha:g}"
@@ -206,12 +238,13 @@ class ContentCheck:
         return f"content check deciding ({why}{self.attempts.note()}): kept in its given order until it decides"
 
     def want(self, query: str, texts: Sequence[str], exclusive: bool = True) -> str | None:
-        """Whether to read this list for the check now: undecided, long enough, a list not read before, not
-        waiting after failed readings and (``exclusive``: background readings) no other reading in flight; then
-        the list's identity (truthy), in flight until :meth:`release`."""
+        """Whether to read this list for the check now: undecided, long enough, a query not read before (by its
+        words: :func:`query_identity`, whatever its passages), not waiting after failed readings and (``exclusive``:
+        background readings) no other reading in flight; then the query's identity (truthy), in flight until
+        :meth:`release`."""
         if len(texts) < self.rule.min_passages:
             return None
-        ident = hashlib.sha256(json.dumps([query, *texts]).encode("utf-8", "surrogatepass")).hexdigest()
+        ident = query_identity(query)
         return ident if self.decision is None and self.attempts.want(ident, exclusive) else None
 
     def release(self, ident: str = "") -> None:
@@ -360,7 +393,7 @@ def decision_of(state: Any, opts: Any) -> ContentDecision | None:
     return check.decision if check is not None else None
 
 
-def adopt(state: Any, opts: Any, decision: ContentDecision) -> ContentDecision:
+def adopt(state: Any, opts: Any, decision: ContentDecision, source: str = "adopted") -> ContentDecision:
     """Install ``decision`` (taken elsewhere, e.g. from judged queries) on the check of these options' key on this
     probed endpoint state, announced and saved like the check's own (:meth:`ContentCheck.settle`); an
     :class:`~.errors.InputError` if it is about another key."""
@@ -369,4 +402,4 @@ def adopt(state: Any, opts: Any, decision: ContentDecision) -> ContentDecision:
         raise InputError(f"the decision is about another model or other options than these ({dict(decision.key)} "
                          f"vs {dict(key)})")
     check = check_for(state.content, key, None, opts.check_lists, RULES[opts.guard or DEFAULT_RULE], _store(state))
-    return check.settle(decision, getattr(decision, "source", None) or "adopted")
+    return check.settle(decision, source)

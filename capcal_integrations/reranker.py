@@ -19,9 +19,10 @@ from typing import Any
 import openai
 
 from .client import Clients
-from .content_check import ContentDecision, Pending, decision_of
+from .content_check import ContentDecision, Pending, adopt, decision_of
 from .drivers import run_async, run_sync, together
 from .errors import InputError
+from .judged import arank_judged, judged_triples, label_decision, rank_judged
 from .options import Options, option_docs
 from .probe import capabilities
 from .protocol import EndpointState
@@ -112,6 +113,23 @@ class CapCalReranker:
         """The content check's decision for this reranker's model, prompt and placeholder (print it; save its
         ``to_json()`` and pass it as ``decision=`` to another process), or ``None`` while it is being decided."""
         return decision_of(self._state, self.options)
+
+    def decide(self, judged: Iterable[tuple[str, Sequence[Any], Sequence[int]]]) -> ContentDecision:
+        """Decide from judged queries whether to calibrate this model (:mod:`.judged`): ``(query, passages,
+        grades)`` triples, each ranked calibrated, in its given order and uncalibrated; "calibrate" (``reads``) only
+        when calibrating beats the given order by nDCG@10 with a 95 % paired interval above zero. The decision is
+        set and kept like the content check's own: every reranker on this model and reading options uses it."""
+        triples = judged_triples(judged)
+        scores = rank_judged(self, triples)
+        return adopt(self._state, self.options, label_decision(self.capabilities(), self.options, scores), "labels")
+
+    async def adecide(self, judged: Iterable[tuple[str, Sequence[Any], Sequence[int]]]) -> ContentDecision:
+        """Async :meth:`decide`."""
+        triples = judged_triples(judged)
+        scores = await arank_judged(self, triples)
+        caps = await self.acapabilities()
+        return await asyncio.to_thread(adopt, self._state, self.options, label_decision(caps, self.options, scores),
+                                       "labels")
 
     def capabilities(self) -> Capabilities:
         """Probe the endpoint once (about seven small requests) and cache what it can do."""

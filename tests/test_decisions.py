@@ -449,3 +449,17 @@ def test_defect_a_batch_decision_file_is_whole_or_untouched_when_a_write_fails(t
     worker.join()
     assert decision_path(out).read_text() == before  # the old decision, whole
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_defect_a_repeated_query_is_read_once_whatever_its_passages():
+    """Finding 3: the same query asked again with one passage changed was read again (its hash held the passages),
+    so a pool of a few queries counted the same evidence many times (pools of 3: 14.2 % false "reads")."""
+    check = ContentCheck(decision_key("m", "w", Options()))
+    first = check.want("What do fleas eat?", [f"p{i}" for i in range(6)])
+    assert first
+    check.attempts.read(first)
+    check.release(first)
+    for query, passages in (("What do fleas eat?", [f"p{i}" for i in range(5)] + ["another"]),
+                            ("what do  FLEAS eat", [f"q{i}" for i in range(8)])):
+        assert not check.want(query, passages)
+    assert check.want("What do ticks eat?", [f"p{i}" for i in range(6)])
