@@ -197,8 +197,19 @@ class CapCalReranker:
         items, concurrency = _pairs(items), _concurrency(concurrency)
         caps = self.capabilities()  # probe once, not once per thread
         workers = min(concurrency or self.options.concurrency, self._lists_at_once(caps))
-        with ThreadPoolExecutor(max_workers=workers) as pool:  # map cancels the lists not started on an error
-            return list(pool.map(lambda qp: self.rerank(*qp), items))
+        failed = threading.Event()  # set by the first list that raises: no list starts after it
+
+        def one(pair: tuple[Any, Sequence[Any]]) -> Ranking | None:
+            if failed.is_set():
+                return None  # never looked at: an earlier list (in input order) raised
+            try:
+                return self.rerank(*pair)
+            except BaseException:
+                failed.set()
+                raise
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, items))  # type: ignore[arg-type]  # raises before reaching a None
 
     async def arerank_many(self, items: Iterable[tuple[str, Sequence[Any]]], *,
                            concurrency: int | None = None) -> list[Ranking]:
