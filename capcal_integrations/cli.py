@@ -19,14 +19,13 @@ import signal
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from importlib import resources
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .calibration import FORMS
 from .decide_command import add_parser as add_decide_parser
 from .decide_command import run as run_decide
+from .demo_command import run as run_demo
 from .errors import CapCalError, InputError, SetupError
 from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
@@ -37,6 +36,7 @@ from .server.net import ENGINES
 
 if TYPE_CHECKING:
     from .server import Endpoint
+    from .types import Ranking
 
 log = logging.getLogger("capcal")
 
@@ -183,16 +183,27 @@ def cmd_rerank(args: argparse.Namespace) -> int:
             rr = rr.with_options(depth=args.top_n)
         for row in tqdm(requests, desc=f"rerank ({rr.method})", unit="query", disable=len(requests) < 2 and None):
             ranking = rr.rerank(row["query"], row["passages"])
-            ranked = [{"index": i, "score": ranking.scores[i], "passage": row["passages"][i]} for i in ranking.order]
+            ranked = [{"index": i, "score": _score(ranking, i, row["passages"][i]), "passage": row["passages"][i]}
+                      for i in ranking.order]
             if args.top_n:
                 ranked = ranked[: args.top_n]
             record = {"query": row["query"], "method": ranking.method, "order": list(ranking.order), "ranked": ranked,
-                      "requests": ranking.usage.requests, "upper_bounds": ranking.upper_bounds}
+                      "requests": ranking.usage.requests, "upper_bounds": ranking.upper_bounds,
+                      "kept_given_order": ranking.kept_given_order, "notes": list(ranking.notes)}
             if "qid" in row:
                 record["qid"] = row["qid"]
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
     return 0
+
+
+def _score(ranking: Ranking, i: int, passage: Any) -> float | None:
+    """The model's score of passage ``i``; where no model placed the list (kept in its given order), the passage's
+    own ``"score"`` if it has one, else ``None``: never a score made from places."""
+    if ranking.method != "given-order":
+        return ranking.scores[i]
+    own = passage.get("score") if isinstance(passage, dict) else None
+    return own if isinstance(own, (int, float)) and not isinstance(own, bool) else None
 
 
 def _rerank_batch(args: argparse.Namespace) -> int:
@@ -234,45 +245,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    demo = json.loads(resources.files("capcal_integrations").joinpath("demo.json").read_text(encoding="utf-8"))
-    query, passages = demo["query"], demo["passages"]
-    texts = [p["text"] for p in passages]
-    _out(f"Query: {query}   ({len(texts)} BM25 passages from TREC DL19; grade = NIST relevance 0-3)\n")
-    results = {}
     with _endpoint(args) as found:
-        rr = _reranker(args, found)
-        if "guard" not in options_from_args(args):  # one list cannot decide the content check: show the calibration
-            rr = rr.with_options(guard=None)
-        calibrated = rr.method if rr.method not in ("vanilla", "psc") else "auto"
-        for method in tqdm(("vanilla", calibrated), desc="reranking (cold prompts take ~10 s on 2 cores)", unit="method"):
-            start = time.perf_counter()
-            ranking = rr.with_options(method=method).rerank(query, texts)
-            results[ranking.method] = (ranking, time.perf_counter() - start)  # auto: the method it ran
-    methods = list(results)
-    prior = results[methods[1]][0].prior or ()
-    _out("Empty-prompt prior (what the model gives each slot with no content):")
-    _out("  " + "  ".join(f"[{i + 1}] {p:.2f}" for i, p in enumerate(prior)) + "\n")
-    _out(f"{'rank':>4}  {methods[0]:<26}{methods[1]:<26}")
-    for r in range(len(texts)):
-        cells = []
-        for method in methods:
-            i = results[method][0].order[r]
-            cells.append(f"[{i + 1}] grade {passages[i]['grade']}  {passages[i]['text'][:9]}…")
-        _out(f"{r + 1:>4}  {cells[0]:<26}{cells[1]:<26}")
-    _out()
-    for method, (ranking, seconds) in results.items():
-        best = next(r for r, i in enumerate(ranking.order) if passages[i]["grade"] == max(p["grade"] for p in passages))
-        _out(f"{method:>18}: most relevant passage at rank {best + 1}; {ranking.usage.requests} requests, "
-             f"{seconds:.1f} s")
-        for note in ranking.notes:  # e.g. the content check kept the BM25 order
-            _out(f"{'':>18}  {note}")
-    if "guard" not in options_from_args(args):
-        _out("\n(Calibrated whatever the model does. By default the reranker first decides, over the queries it ranks, "
-             "whether the query changes which passages the model prefers (more than lifting BM25's top half), and "
-             "keeps the BM25 order until then and for a model it does not: see docs/content-check.md.)")
-    return 0
+        return run_demo(_reranker(args, found), forcing="guard" not in options_from_args(args))
 
 
 # --------------------------------------------------------------------------- key
@@ -352,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--form", default=None, choices=FORMS, help="calibration form (default additive)")
     _add_method_options(p)
 
-    p = sub.add_parser("demo", help="one real query: vanilla vs CapCal, with the empty-prompt prior")
+    p = sub.add_parser("demo", help="one real query: what the default does, then vanilla vs CapCal forced, with the "
+                                    "empty-prompt prior")
     p.add_argument("--hosted", action="store_true",
                    help="show the embedded model as a hosted chat-only API (no assistant prefill, top_logprobs <= 20, "
                         "no tokenizer routes): method auto then runs first-token-capcal")

@@ -204,6 +204,7 @@ class ContentCheck:
         self.attempts = Attempts()  # lists read and being read, failures and retries
         self._option: str | None = None  # the decision option last installed
         self._looked = False  # the store looked up
+        self._warned = False  # the first list kept while deciding said so at WARNING
         self._lock = threading.Lock()
 
     @property
@@ -231,10 +232,19 @@ class ContentCheck:
         return Verdict(d.reads, alpha, note)
 
     def pending_note(self, n: int) -> str:
-        """The note of a list ranked while deciding."""
+        """The note of a list ranked while deciding; the first such list of this check also says so once at
+        WARNING (the model, the check's state, how to decide now)."""
         e = self.evidence
         why = (f"shorter than {self.rule.min_passages} passages, not read for it" if n < self.rule.min_passages else
                f"{e.queries} of at most {self.cap} queries read, e = {e.for_reads:.3g}")
+        with self._lock:
+            warn, self._warned = not self._warned and self.decision is None, True
+        if warn:
+            log.warning("capcal: model %r: lists keep their given order (the retriever's, with its scores) while the "
+                        "content check decides whether the model reads the passages (%d of at most %d queries read; "
+                        "readings run in the background, minutes a query on a CPU server). To decide now: "
+                        "reranker.decide(judged) or `capcal decide --data DIR` with judged queries; guard=None "
+                        "calibrates anyway (docs/content-check.md).", dict(self.key).get("model"), e.queries, self.cap)
         return f"content check deciding ({why}{self.attempts.note()}): kept in its given order until it decides"
 
     def want(self, query: str, texts: Sequence[str], exclusive: bool = True) -> str | None:
@@ -276,7 +286,7 @@ class ContentCheck:
             if self.decision is decision or (first and self.decision is not None):
                 return self.decision  # type: ignore[return-value]
             self.decision, self.source = decision, source
-        announce(decision)
+        announce(decision, loud=self._warned)
         if self.store is not None and source != "saved":
             self.store.save(decision, source)
         return decision
@@ -329,13 +339,15 @@ class ContentCheck:
                                aligned=e.aligned, e_aligned=min(e.for_aligned, 1e300))
 
 
-def announce(decision: ContentDecision) -> None:
-    """One log line per decision: a WARNING when the reranker becomes a pass-through for this model."""
+def announce(decision: ContentDecision, loud: bool = False) -> None:
+    """One log line per decision: a WARNING when the reranker is a pass-through for this model, or when lists were
+    kept while deciding and said so (``loud``: the user who saw that warning sees the decision too); else INFO."""
     if decision.reads:
-        log.info("capcal: %s", decision)
+        log.log(logging.WARNING if loud else logging.INFO, "capcal: %s; lists are calibrated from now on", decision)
     else:
-        log.warning("capcal: %s. The reranker keeps the given order of every list for this model and these options; "
-                    "pass guard=None to calibrate anyway.", decision)
+        log.warning("capcal: %s. The reranker keeps the given order of every list for this model and these options "
+                    "(the retriever's, with its scores); with judged queries reranker.decide(judged) decides from them, "
+                    "guard=None calibrates anyway.", decision)
 
 
 #: The most checks an endpoint state keeps (one per key: option variants); the least recently made go first.

@@ -74,8 +74,8 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
     """Rank ``passages`` for ``query``. The input is checked before any request is made."""
     query, docs = validated(query, passages)
     n = len(docs)
-    if n <= 1:
-        return Ranking(tuple(range(n)), (1.0,) * n, opts.method)
+    if n <= 1:  # nothing to rank, no request: no method ran
+        return Ranking(tuple(range(n)), (1.0,) * n, "given-order", notes=(f"{n} passage{'s' * (n != 1)}: nothing to rank",))
     return (yield from within(_ranked(state, opts, query, docs), n, opts.method, opts.deadline))
 
 

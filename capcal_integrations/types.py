@@ -101,8 +101,9 @@ class Ranking:
     score of the passage chosen at rank ``r`` out of ``n`` is ``(n - r - 1 + c) / n``, where ``c`` is
     its calibrated share at the step it was chosen (0..1); for ``first-token`` it is the calibrated
     first-step score itself.
-    ``method``: the method that ran (``auto`` resolved: ``capcal`` or ``first-token-capcal``; a list of
-    at most one passage runs none and keeps the configured name).
+    ``method``: the method that ran (``auto`` resolved: ``capcal`` or ``first-token-capcal``); ``"given-order"``
+    where none did (a list kept in its given order, or of at most one passage): then ``scores`` are places only,
+    and the adapters give the retriever's own scores instead.
     ``prior``: the empty-prompt distribution over identifiers at the first step of the first
     window (``None`` if no empty stream ran). ``steps``: every decoding step (see :class:`Step`).
     ``upper_bounds``: how many label probabilities were upper bounds or estimates because the endpoint's

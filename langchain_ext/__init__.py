@@ -6,6 +6,6 @@ Install with ``pip install "capcal-integrations[langchain]"``.
 >>> # retriever = ContextualCompressionRetriever(base_compressor=CapCalRerank(top_n=5), base_retriever=bm25)
 """
 
-from .compressor import DETAILS_KEY, RELEVANCE_SCORE_KEY, CapCalRerank
+from .compressor import DETAILS_KEY, OWN_SCORE_KEY, RELEVANCE_SCORE_KEY, CapCalRerank
 
-__all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY"]
+__all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]

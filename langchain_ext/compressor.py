@@ -12,7 +12,13 @@ It returns **new** ``Document`` objects, best first (copies: the caller's docume
 metadata are never touched), with two metadata entries:
 
 * ``"relevance_score"`` (:data:`RELEVANCE_SCORE_KEY`, LangChain's key for a reranker's score, as
-  langchain-cohere's): the calibrated relevance (:attr:`capcal_integrations.Ranking.scores`), higher is better;
+  langchain-cohere's): the calibrated relevance (:attr:`capcal_integrations.Ranking.scores`), higher is better,
+  comparable within one list only (a place-based score: see the Ranking). A document that already has a
+  ``relevance_score`` keeps it, and the reranker's goes under ``"capcal_relevance_score"`` (:data:`OWN_SCORE_KEY`).
+  **A list kept in its given order** (``metadata["capcal"]["kept_given_order"]``: the content check deciding, or
+  a model that does not read) gets no score of the model's: ``relevance_score`` is the input's own (its
+  ``relevance_score``, else its numeric ``"score"``), and absent where the input has none, so a threshold on it
+  keeps what the retriever's scores would;
 * ``"capcal"`` (:data:`DETAILS_KEY`; ``"capcal_rerank"`` where the document's own metadata already has a
   ``"capcal"``, which is kept: :func:`~capcal_integrations.adapter.metadata_key`): how the document was
   placed: ``rank`` and ``input_rank`` (1-based), ``method``, and from the last decoding step it took part in
@@ -48,11 +54,13 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
+from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, model_scored, rerank_summary
 
-__all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY"]
+__all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]
 
 RELEVANCE_SCORE_KEY = "relevance_score"
+#: where the reranker's score goes when the input document already has a ``relevance_score`` of its own (kept)
+OWN_SCORE_KEY = "capcal_relevance_score"
 DETAILS_KEY = METADATA_KEY
 
 
@@ -126,10 +134,18 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
         out = []
         for i in ranking.top(self.top_n):
             metadata = copy.deepcopy(documents[i].metadata)
-            metadata[RELEVANCE_SCORE_KEY] = ranking.scores[i]
+            if not model_scored(ranking):  # no score of the model's: the input's own, where it has one
+                if RELEVANCE_SCORE_KEY not in metadata and _is_score(metadata.get("score")):
+                    metadata[RELEVANCE_SCORE_KEY] = metadata["score"]
+            else:  # the user's own relevance_score is kept: ours goes beside it
+                metadata[OWN_SCORE_KEY if RELEVANCE_SCORE_KEY in metadata else RELEVANCE_SCORE_KEY] = ranking.scores[i]
             metadata[metadata_key(metadata)] = details[i]  # the document's own "capcal" is kept
             out.append(documents[i].model_copy(update={"metadata": metadata}))
         return out
+
+
+def _is_score(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _texts(documents: list[Document]) -> list[str]:

@@ -9,8 +9,11 @@ Only the ``top_n`` places returned are decoded (``depth`` follows ``top_n`` unle
 ``deadline=1.5`` bounds a reranking's time (what is decided by then, the rest in retrieval order).
 
 It returns **new** ``NodeWithScore`` objects, best first, whose ``score`` is the calibrated relevance
-(:attr:`capcal_integrations.Ranking.scores`). Each carries a deep copy of its node (the caller's
-nodes are never touched) with one metadata entry of the library's, hidden from the LLM and embedding text:
+(:attr:`capcal_integrations.Ranking.scores`: place-based, comparable within one list only). **A list kept in its
+given order** (``metadata["capcal"]["kept_given_order"]``: the content check deciding, or a model that does not
+read) keeps the retriever's scores unchanged (``None`` where it gave none), so a threshold on them
+(``SimilarityPostprocessor``) keeps what it would have kept without the reranker. Each carries a deep copy of
+its node (the caller's nodes are never touched) with one metadata entry of the library's, hidden from the LLM and embedding text:
 ``"capcal"`` (:data:`DETAILS_KEY`; ``"capcal_rerank"`` where the node's own metadata already has a ``"capcal"``,
 which is kept: :func:`~capcal_integrations.adapter.metadata_key`), how the node was placed: ``rank`` and
 ``input_rank`` (1-based), ``retrieval_score`` (:data:`RETRIEVAL_SCORE_KEY`: the score the node came in with,
@@ -47,7 +50,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
+from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, model_scored, rerank_summary
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
@@ -109,7 +112,9 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
                 seconds: float) -> list[NodeWithScore]:
         self._last_ranking = ranking
         details = ranking.details()
-        new_nodes = [NodeWithScore(node=_annotated_copy(nodes[i], details[i]), score=ranking.scores[i])
+        kept = not model_scored(ranking)  # no score of the model's: the retriever's own, unchanged
+        new_nodes = [NodeWithScore(node=_annotated_copy(nodes[i], details[i]),
+                                   score=nodes[i].score if kept else ranking.scores[i])
                      for i in ranking.top(self.top_n)]
         summary = rerank_summary(ranking, reranker.model, seconds)
         event.on_end(payload={EventPayload.NODES: new_nodes, DETAILS_KEY: summary})

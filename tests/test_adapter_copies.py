@@ -55,7 +55,7 @@ def _rerank(ext, adapter, texts):
     from langchain_core.documents import Document
 
     docs = [Document(page_content=t, metadata={"capcal": "mine", "retrieval_score": "mine too"}) for t in texts]
-    return [(d.metadata, d.metadata["relevance_score"]) for d in adapter.compress_documents(docs, "topic 1")]
+    return [(d.metadata, d.metadata.get("relevance_score")) for d in adapter.compress_documents(docs, "topic 1")]
 
 
 TEXTS = [f"passage {i} about topic {i % 3}" for i in range(5)]

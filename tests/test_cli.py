@@ -72,6 +72,28 @@ def test_demo_shows_vanilla_capcal_and_the_prior(server_url):
     assert "Empty-prompt prior" in done.stdout and "[10]" in done.stdout
     assert "vanilla: most relevant passage at rank" in done.stdout
     assert "capcal: most relevant passage at rank" in done.stdout
+    # issue 34: what the default does comes first, with its reason, then calibration forced, each labelled
+    out = done.stdout
+    assert out.index("1. What the reranker does with its defaults") < out.index("2. What calibration does when forced")
+    assert "default: most relevant passage at rank" in out and "content check deciding" in out
+
+
+@pytest.mark.e2e
+def test_rerank_with_the_defaults_says_once_on_stderr_that_it_kept_the_given_order(server_url, test_model, tmp_path):
+    """Issue 34: the first list kept while the check decides logs one WARNING (the model, the check's state, how to
+    decide now); each record carries its notes, and no score made from places."""
+    requests = tmp_path / "in.jsonl"
+    rows = [{"query": f"query {k}", "passages": [{"text": f"passage {k}.{i}", "score": 4.0 - i} for i in range(4)]}
+            for k in range(2)]
+    requests.write_text("\n".join(json.dumps(r) for r in rows))
+    done = capcal("rerank", "--base-url", server_url, "--input", str(requests), "--top-n", "2")
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "lists keep their given order" in line]
+    assert len(warnings) == 1 and repr(test_model) in warnings[0] and "decide(judged)" in warnings[0], done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert all(r["method"] == "given-order" and r["kept_given_order"] for r in records)
+    assert all(any("content check deciding" in n for n in r["notes"]) for r in records)
+    assert [[p["score"] for p in r["ranked"]] for r in records] == [[4.0, 3.0], [4.0, 3.0]]  # the input's own
 
 
 def test_unreachable_endpoint_is_a_clean_error(tmp_path):

@@ -94,7 +94,7 @@ def _docs(texts=CORPUS) -> list[Document]:
 
 
 def test_public_api():
-    assert langchain_ext.__all__ == ["CapCalRerank", "RELEVANCE_SCORE_KEY", "DETAILS_KEY"]
+    assert langchain_ext.__all__ == ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]
     assert issubclass(CapCalRerank, BaseDocumentCompressor)
     assert (RELEVANCE_SCORE_KEY, DETAILS_KEY) == ("relevance_score", "capcal")
     assert all(field.description for field in CapCalRerank.model_fields.values())
@@ -154,8 +154,9 @@ async def test_single_document_is_copied_and_traced():
     runs = Runs()
     [out] = compressor.compress_documents([given], QUERY, callbacks=[runs])
     assert given == before and out is not given and out.id == given.id
-    assert out.metadata[RELEVANCE_SCORE_KEY] == compressor.last_ranking.scores[0] == 1.0
-    assert out.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "auto", "upper_bounds": 0,
+    # nothing was ranked (issue 34): the method says so, and a document without a score of its own gets none
+    assert RELEVANCE_SCORE_KEY not in out.metadata and compressor.last_ranking.method == "given-order"
+    assert out.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "given-order", "upper_bounds": 0,
                                                   "kept_given_order": False, "decoded": True, "partial": False}
     assert out.metadata["source"] == given.metadata["source"] and out.metadata["source"] is not given.metadata["source"]
     [run] = runs.capcal()

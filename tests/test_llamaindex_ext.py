@@ -186,8 +186,9 @@ def test_single_node_needs_no_model_and_is_copied(events):
     [out] = rerank.postprocess_nodes([given], query_str=QUERY)
     assert given.model_dump() == before
     assert out is not given and out.node is not given.node and out.node.node_id == given.node.node_id
-    assert out.score == rerank.last_ranking.scores[0] == 1.0
-    assert out.node.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "auto", "upper_bounds": 0,
+    # nothing was ranked (issue 34): the method says so, and the node keeps the retriever's score
+    assert out.score == given.score == 10.0 and rerank.last_ranking.method == "given-order"
+    assert out.node.metadata[DETAILS_KEY] == {"rank": 1, "input_rank": 1, "method": "given-order", "upper_bounds": 0,
                                               "kept_given_order": False, "decoded": True, "partial": False,
                                               RETRIEVAL_SCORE_KEY: 10.0}  # one key of the library's (issue 23)
     # the added keys stay out of the text the LLM and the embedder see
