@@ -259,7 +259,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 def cmd_key(args: argparse.Namespace) -> int:
     """Print the key of the server this user's ``capcal serve`` runs on ``--port`` (after the checks that it is
-    that server), alone on stdout: ``export CAPCAL_API_KEY=$(capcal key)``."""
+    that server), alone on stdout: ``export CAPCAL_API_KEY=$(capcal key)``; ``--url``: its base URL instead
+    (``export CAPCAL_BASE_URL=$(capcal key --url)``)."""
     from .server.launcher import DEFAULT_PORT
     from .server.ownership import NotOurs, check_own_server
 
@@ -269,7 +270,7 @@ def cmd_key(args: argparse.Namespace) -> int:
     except NotOurs as why:
         raise InputError(f"no capcal serve of yours found on port {port} ({why}); start one with `capcal serve"
                          f"{'' if port == DEFAULT_PORT else f' --port {port}'}`") from None
-    _out(record.api_key)
+    _out(f"http://127.0.0.1:{port}/v1" if args.url else record.api_key)
     return 0
 
 
@@ -307,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("key", help="print the API key of your running capcal serve (export CAPCAL_API_KEY=$(capcal key))")
     p.add_argument("--port", type=int, default=None, help="the port capcal serve listens on (default 8080)")
+    p.add_argument("--url", action="store_true", help="print its base URL instead (export CAPCAL_BASE_URL=$(capcal key "
+                                                      "--url))")
 
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
     _add_input_options(p)

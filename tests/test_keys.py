@@ -42,6 +42,7 @@ def test_capcal_key_prints_the_key_of_your_capcal_serve_alone_on_stdout(monkeypa
         assert main(["key"]) == 0
         assert capsys.readouterr().out == key + "\n"
         assert main(["key", "--port", str(port)]) == 0 and capsys.readouterr().out == key + "\n"
+        assert main(["key", "--url"]) == 0 and capsys.readouterr().out == f"http://127.0.0.1:{port}/v1\n"
 
 
 def test_capcal_key_without_a_server_says_how_to_start_one(capsys):

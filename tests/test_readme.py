@@ -2,14 +2,12 @@
 it drifts; its first 60 lines hold the two drop-ins and the contents; every Python snippet in it runs.
 
 The snippets run as written against the real local server (the ``server_url`` fixture), with three
-changes said here: ``http://127.0.0.1:8080/v1`` becomes the test server's URL (also ``$CAPCAL_BASE_URL``),
-``$CAPCAL_API_KEY`` is set (the test server checks none), and ``model="local"`` becomes the served
-alias. The names a snippet uses without defining are given to it, small and real: ``index`` (a LlamaIndex
-``VectorStoreIndex`` over three passages with a mock embedding and LLM: the reranking is what is tested),
-``retriever`` (a LangChain retriever returning the same three), ``query``/``passages``, ``q1``/``p1``,
-``q2``/``p2``. A snippet whose framework is not installed is skipped (the stack venvs of ``.ci/run`` have
-one framework each); everywhere else both are. A snippet that ranks against the test double
-(``capcal_integrations.testing``) needs no server: it runs as written in the fast suite, not as an e2e test.
+changes said here: ``http://127.0.0.1:8080/v1`` becomes the test server's URL (so does ``$CAPCAL_BASE_URL``),
+``$CAPCAL_API_KEY`` is set (the test server checks none), and ``model="local"`` becomes the served alias. Each
+snippet defines every name it uses (its retriever, its LLM, its passages: issue 34). A snippet whose framework or
+the packages it imports are not installed is skipped (the stack venvs of ``.ci/run`` have one framework each, and
+LlamaIndex's OpenAI-like LLM needs openai<3: it runs in the llama-index stack). A snippet that ranks against the test
+double (``capcal_integrations.testing``) needs no server: it runs as written in the fast suite, not as an e2e test.
 
 ``python tests/test_readme.py`` rewrites the option table.
 """
@@ -23,6 +21,7 @@ import inspect
 import pathlib
 import re
 import sys
+import types
 
 import pytest
 
@@ -30,9 +29,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 START, END = "<!-- options:start -->", "<!-- options:end -->"
 LOCAL_URL = "http://127.0.0.1:8080/v1"
-PASSAGES = ["Adult fleas live two to three months; the whole life cycle can take a year.",
-            "Bananas are a good source of potassium.",
-            "The Eiffel Tower is in Paris."]
 
 
 def option_table() -> str:
@@ -74,8 +70,9 @@ def test_the_option_table_is_generated_from_options():
     assert text == _with_table(text), "the README's option table drifted from Options: run python tests/test_readme.py"
 
 
-def test_the_first_60_lines_hold_both_drop_ins_the_install_and_the_contents():
-    first = "\n".join(README.read_text().split("\n")[:60])
+def test_the_first_80_lines_hold_both_drop_ins_the_install_and_the_contents():
+    # 80, not 60, since issue 34: each drop-in defines the retriever (and the LLM) it needs, so it runs as printed
+    first = "\n".join(README.read_text().split("\n")[:80])
     for needed in ("node_postprocessors=[rerank]", "CapCalRerank.from_llm(llm", "as_runnable()", "pip install",
                    "keeps the retrieval order", "**Contents:**", "docs/endpoints.md", "docs/security.md"):
         assert needed in first, needed
@@ -87,9 +84,16 @@ def test_every_snippet_is_found():
     assert labels[:2] == ["llamaindex", "langchain"] and "python-api" in labels
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 def _needs(code: str) -> list[str]:
-    """The top-level modules a snippet imports."""
-    return sorted({alias.name.split(".")[0] for node in ast.walk(ast.parse(code, mode="exec", feature_version=(3, 10)))
+    """The modules a snippet imports (dotted: ``llama_index.llms.openai_like`` is its own package)."""
+    return sorted({alias.name for node in ast.walk(ast.parse(code, mode="exec", feature_version=(3, 10)))
                    if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
                    for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])})
 
@@ -97,27 +101,12 @@ def _needs(code: str) -> list[str]:
 _FRAMEWORK = {"llamaindex_ext": "llama_index.core", "langchain_ext": "langchain_core"}
 
 
-def _given(code: str) -> dict:
-    names: dict = {"query": "how long do fleas live?", "passages": list(PASSAGES), "q1": "capital of France",
-                   "p1": ["Paris is the capital of France.", "Rome is in Italy."], "q2": "fruit",
-                   "p2": ["Bananas are yellow fruit.", "Granite is a rock."]}
-    if re.search(r"\bindex\b", code) and importlib.util.find_spec("llama_index") is not None:
-        from llama_index.core import Document, Settings, VectorStoreIndex
-        from llama_index.core.embeddings import MockEmbedding
-        from llama_index.core.llms import MockLLM
-
-        Settings.llm, Settings.embed_model = MockLLM(), MockEmbedding(embed_dim=8)
-        names["index"] = VectorStoreIndex.from_documents([Document(text=t) for t in PASSAGES])
-    if re.search(r"\bretriever\b", code) and importlib.util.find_spec("langchain_core") is not None:
-        from langchain_core.documents import Document as LCDocument
-        from langchain_core.retrievers import BaseRetriever
-
-        class Fixed(BaseRetriever):
-            def _get_relevant_documents(self, query, *, run_manager):
-                return [LCDocument(page_content=t) for t in PASSAGES]
-
-        names["retriever"] = Fixed()
-    return names
+def test_every_snippet_defines_the_names_it_uses():
+    """Issue 34: a snippet runs as printed, with what it needs shown on the page (nothing is given to it)."""
+    for label, line, code in _snippets():
+        for name in ("index", "retriever", "passages", "q1", "p1", "q2", "p2"):
+            if re.search(rf"\b{name}\b", code):
+                assert re.search(rf"^(\w+, )*{name}(, \w+)* = ", code, re.M), (label, line, name)
 
 
 def _model_free(code: str) -> bool:
@@ -149,11 +138,11 @@ def test_the_test_double_has_its_snippet():
 def _run(line: int, source: str, code: str) -> None:
     """Run a snippet (``source``: ``code`` as the test sends it), skipped if a framework it needs is missing."""
     for module in _needs(code):
-        if importlib.util.find_spec(module) is None or (module in _FRAMEWORK and
-                                                         importlib.util.find_spec(_FRAMEWORK[module].split(".")[0]) is None):
+        if not _installed(module) or (module in _FRAMEWORK and not _installed(_FRAMEWORK[module])):
             pytest.skip(f"README snippet at line {line} needs {module}, not installed here")
     compiled = compile(source, f"README.md:{line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    names = _given(code)
+    module = types.ModuleType("readme_snippet")  # run as a script's module is (classes resolve their annotations)
+    sys.modules[module.__name__], names = module, module.__dict__
     if compiled.co_flags & inspect.CO_COROUTINE:
         asyncio.run(eval(compiled, names))  # noqa: S307 - the README's own code
     else:
@@ -161,7 +150,7 @@ def _run(line: int, source: str, code: str) -> None:
     if "docs" in names:  # the LangChain drop-in: reranked documents, at most top_n
         assert 1 <= len(names["docs"]) <= 5 and all(d.metadata["capcal"]["rank"] for d in names["docs"])
     if "result" in names:
-        assert sorted(names["result"].order) == list(range(len(PASSAGES)))
+        assert sorted(names["result"].order) == list(range(len(names["passages"])))
 
 
 if __name__ == "__main__":
