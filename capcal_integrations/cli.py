@@ -26,7 +26,7 @@ from .calibration import FORMS
 from .decide_command import add_parser as add_decide_parser
 from .decide_command import run as run_decide
 from .demo_command import run as run_demo
-from .errors import CapCalError, InputError, SetupError
+from .errors import KEY_HINT, CapCalError, EndpointError, InputError, SetupError
 from .options import OPTION_FIELDS, OPTION_NAMES, Options
 from .prompts import PromptTemplate
 from .redaction import RedactingFilter, redact
@@ -381,12 +381,19 @@ def _subcommand(name: str) -> Callable[[list[str]], int]:
     return testbed_main
 
 
+CLI_KEY_HINT = ("the endpoint wants an API key: pass --api-key or set CAPCAL_API_KEY; for a `capcal serve` server, "
+                "`capcal key` prints its key (`capcal key --port N` for one on another port)")
+
+
 def _handled(run: Callable[[], int], verbose: bool) -> int:
     """``run()``'s status; a failure is one redacted line on stderr (exit 1), an interruption exit 130."""
     try:
         return run()
     except CapCalError as err:
-        _out(f"capcal: error: {redact(str(err))}", sys.stderr)
+        text = str(err)
+        if isinstance(err, EndpointError) and err.status in (401, 403):  # the command line's own words for the key
+            text = text.replace(KEY_HINT, CLI_KEY_HINT)
+        _out(f"capcal: error: {redact(text)}", sys.stderr)
         if isinstance(err, SetupError) and err.details:
             _out(redact(err.details) if verbose else "(run with -v for details)", sys.stderr)
         return 1

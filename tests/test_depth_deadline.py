@@ -9,6 +9,7 @@ than a full ranking returns in time, partial, and leaves the server idle).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import pathlib
 import socket
@@ -33,18 +34,20 @@ from tests.fake_endpoint import make_handler
 PASSAGES = [f"passage number {i} about topic {i % 3}" for i in range(8)]
 
 
-def _reranker(handler=None, delay: float = 0.0, **options) -> CapCalReranker:
-    """A reranker on the fake endpoint; each ``/v1/completions`` answer takes ``delay`` seconds (sync and async)."""
+def _reranker(handler=None, delay: float = 0.0, after: int = 0, **options) -> CapCalReranker:
+    """A reranker on the fake endpoint; each ``/v1/completions`` answer after the first ``after`` takes ``delay``
+    seconds (sync and async)."""
     handler = handler or make_handler()
+    answered = itertools.count()
 
     def slow(request):
-        if request.url.path == "/v1/completions":
+        if request.url.path == "/v1/completions" and next(answered) >= after:
             time.sleep(delay)
         return handler(request)
 
     async def aslow(request):
         await request.aread()
-        if request.url.path == "/v1/completions":
+        if request.url.path == "/v1/completions" and next(answered) >= after:
             await asyncio.sleep(delay)
         return handler(request)
 
@@ -162,12 +165,18 @@ def test_depth_with_psc_and_first_token():
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_deadline_returns_decided_places_and_the_rest_in_first_stage_order(mode):
-    rr = _reranker(method="capcal", delay=0.15, deadline=1.0)
+    # The fake endpoint answers the probe's and the first two steps' requests at once (counted on a ranking decoded
+    # to depth 2: the endpoint is deterministic), then takes 2 s per answer: the deadline passes during the third
+    # step, however loaded the machine (it once passed before the first step with a fixed 0.15 s per answer).
+    counted: list = []
+    _reranker(make_handler(calls=counted), method="capcal", depth=2).rerank("q", PASSAGES)
+    first_two = sum(c.url.path == "/v1/completions" for c in counted)
+    rr = _reranker(method="capcal", delay=2.0, after=first_two, deadline=1.0)
     started = time.monotonic()
     ranking = rr.rerank("q", PASSAGES) if mode == "sync" else asyncio.run(rr.arerank("q", PASSAGES))
     elapsed = time.monotonic() - started
     assert elapsed < 1.0 + 0.3, elapsed  # each request is bounded by the time left
-    assert ranking.partial and 0 < ranking.decoded < 7, ranking
+    assert ranking.partial and ranking.decoded == 2, ranking
     decided = [s.chosen for s in ranking.steps][:ranking.decoded]
     assert list(ranking.order) == partial_order(8, decided)
     assert ranking.notes[-1].startswith("deadline 1 s passed after") and "first-stage order" in ranking.notes[-1]

@@ -74,6 +74,7 @@ def test_a_wrong_key_is_one_cli_line_naming_capcal_api_key(monkeypatch, capsys, 
     err = capsys.readouterr().err
     assert status == 1 and err.count("\n") == 1
     assert "HTTP 401" in err and "CAPCAL_API_KEY" in err and f"http://127.0.0.1:{port}/v1/models" in err
+    assert "--api-key" in err and "capcal key --port N" in err and "api_key=" not in err  # the command line's words
 
 
 def test_401_names_the_key_and_404_asks_about_v1_with_the_url_redacted():
