@@ -109,3 +109,19 @@ def test_a_users_own_relevance_score_is_kept_and_the_rerankers_goes_beside_it():
     assert all(d.metadata[RELEVANCE_SCORE_KEY] == mine[d.page_content] for d in out)
     scores = [d.metadata[OWN_SCORE_KEY] for d in out]
     assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
+
+
+@pytest.mark.e2e
+def test_on_the_real_server_the_first_call_of_each_adapter_warns_once_naming_the_model(server_url, test_model, caplog):
+    """The packaged model with the defaults (three passages: too short to be read for the check, so no background
+    reading loads the server after the test): one WARNING per process and key, naming the model and the state."""
+    texts = TEXTS[:3]
+    core = CapCalReranker(base_url=server_url, model=test_model)
+    with caplog.at_level(logging.INFO, logger="capcal_integrations"):
+        nodes = LlamaIndexRerank(reranker=core, top_n=3).postprocess_nodes(_nodes()[:3], query_str=QUERY)
+        docs = LangChainRerank(reranker=core, top_n=3).compress_documents(
+            [Document(page_content=t, metadata={"score": s}) for t, s in zip(texts, RETRIEVED)], QUERY)
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and _kept_warning(warnings[0]) and repr(test_model) in warnings[0], warnings
+    assert "0 of at most 40 queries read" in warnings[0]
+    assert [n.score for n in nodes] == RETRIEVED[:3] and [d.metadata[RELEVANCE_SCORE_KEY] for d in docs] == RETRIEVED[:3]
