@@ -10,11 +10,13 @@ with its documentation. pydantic comes with ``openai``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
+import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -94,6 +96,8 @@ class RerankerSettings(_RankingOptions):
     model: str | None = Field(None, description="Served model name (init only); default: the first served.")
     timeout: float | None = Field(None, description="Request timeout in seconds (init only).")
     max_retries: int | None = Field(None, description="Retries on 408/409/429/5xx (init only).")
+    progress: bool | None = Field(None, description="A bar on stderr counting each ranking's requests as they go "
+                                                    "(tqdm); None: only when stderr is a terminal.")
 
     _reranker: CapCalReranker = PrivateAttr()
     _last_ranking: Ranking | None = PrivateAttr(default=None)
@@ -101,7 +105,8 @@ class RerankerSettings(_RankingOptions):
     if typing.TYPE_CHECKING:  # what IDEs show: every field (tests/test_adapter_copies.py checks it against the model)
         def __init__(self, *, reranker: CapCalReranker | None = None, api_key: str | None = None, client: Any = None,
                      async_client: Any = None, top_n: int | None = 5, base_url: str | None = None, model: str | None = None,
-                     timeout: float | None = None, max_retries: int | None = None, preset: str | None = None,
+                     timeout: float | None = None, max_retries: int | None = None, progress: bool | None = None,
+                     preset: str | None = None,
                      method: str | None = None, alpha: float | str | None = None, guard: float | str | None = None,
                      check_lists: int | None = None, check_wait: bool | None = None, decision: str | None = None,
                      calibration: str | None = None,
@@ -210,6 +215,19 @@ class RerankerSettings(_RankingOptions):
         if options["depth"] is None and self.top_n is not None:
             options["depth"] = self.top_n
         return self._reranker.with_options(**options)
+
+    @contextlib.contextmanager
+    def _progress(self, passages: int) -> Iterator[Callable[[int], None] | None]:
+        """The ``progress`` callback of one ranking: a tqdm bar of its requests (``progress``; ``None``: when stderr
+        is a terminal), closed when the ranking ends; ``None`` when off."""
+        on = self.progress if self.progress is not None else sys.stderr.isatty()
+        if not on:
+            yield None
+            return
+        from tqdm import tqdm
+
+        with tqdm(desc=f"capcal: ranking {passages} passages", unit=" requests", leave=False) as bar:
+            yield lambda asked: bar.update(asked - bar.n)
 
     @property
     def last_ranking(self) -> Ranking | None:

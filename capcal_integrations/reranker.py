@@ -25,6 +25,7 @@ from .errors import InputError
 from .judged import arank_judged, judged_triples, label_decision, rank_judged
 from .options import Options, option_docs
 from .probe import capabilities
+from .progress import Watched
 from .protocol import EndpointState
 from .routing import for_list
 from .saved_decisions import STORE
@@ -148,26 +149,30 @@ class CapCalReranker:
 
     # ------------------------------------------------------------------ reranking
 
-    def rerank(self, query: str, passages: Sequence[Any]) -> Ranking:
+    def rerank(self, query: str, passages: Sequence[Any], *, progress: Callable[[int], None] | None = None) -> Ranking:
         """Rank ``passages`` (``str``, :class:`~.types.Document`, dicts with ``text`` or objects with
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
-        permutation of ``range(len(passages))``."""
+        permutation of ``range(len(passages))``. ``progress``: called with the number of requests asked for so far,
+        after each batch (a long ranking's sign of life; the adapters' ``progress=True`` draws it as a bar)."""
         state = self._state.for_ranking(self.options.routed)
         object.__setattr__(state, "background", self._read_in_thread)  # this view's own (not the endpoint's)
         route = for_list(self.options.routing_header, state)  # a new key per list: see .routing
-        return _with_usage(*run_sync(rerank_flow(state, self.options, query, passages), self.client, route,
+        flow = rerank_flow(state, self.options, query, passages)
+        return _with_usage(*run_sync(Watched(flow, progress) if progress else flow, self.client, route,
                                      self.options.deadline))
 
-    async def arerank(self, query: str, passages: Sequence[Any]) -> Ranking:
+    async def arerank(self, query: str, passages: Sequence[Any], *,
+                      progress: Callable[[int], None] | None = None) -> Ranking:
         """Async :meth:`rerank`: the same flow, driven by the async client."""
-        return await self._arerank(query, passages, self._limit())
+        return await self._arerank(query, passages, self._limit(), progress)
 
-    async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore) -> Ranking:
+    async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore,
+                       progress: Callable[[int], None] | None = None) -> Ranking:
         state = self._state.for_ranking(self.options.routed)
         object.__setattr__(state, "background", self._read_in_thread)  # this view's own (not the endpoint's)
         flow = rerank_flow(state, self.options, query, passages)
-        return _with_usage(*await run_async(flow, self.async_client, limit, for_list(self.options.routing_header, state),
-                                            self.options.deadline))
+        return _with_usage(*await run_async(Watched(flow, progress) if progress else flow, self.async_client, limit,
+                                            for_list(self.options.routing_header, state), self.options.deadline))
 
     # ------------------------------------------------------------------ the content check's readings
 

@@ -100,7 +100,8 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
             runs = run_manager.get_child().on_chat_model_start(*_usage_run(reranker, query, documents))
             started = time.perf_counter()
             try:
-                ranking = reranker.rerank(query, _texts(documents))
+                with self._progress(len(documents)) as progress:
+                    ranking = reranker.rerank(query, _texts(documents), progress=progress)
             except BaseException as err:
                 for run in runs:
                     run.on_llm_error(err)
@@ -117,7 +118,8 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
             runs = await run_manager.get_child().on_chat_model_start(*_usage_run(reranker, query, documents))
             started = time.perf_counter()
             try:
-                ranking = await reranker.arerank(query, _texts(documents))
+                with self._progress(len(documents)) as progress:
+                    ranking = await reranker.arerank(query, _texts(documents), progress=progress)
             except BaseException as err:
                 for run in runs:
                     await run.on_llm_error(err)

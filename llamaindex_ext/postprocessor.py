@@ -80,9 +80,9 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
         if not nodes:
             return []
         reranker = self.reranker
-        with self._event(nodes, query_bundle, reranker) as event:
+        with self._event(nodes, query_bundle, reranker) as event, self._progress(len(nodes)) as progress:
             started = time.perf_counter()
-            ranking = reranker.rerank(query, self._texts(nodes))
+            ranking = reranker.rerank(query, self._texts(nodes), progress=progress)
             return self._finish(nodes, ranking, event, reranker, time.perf_counter() - started)
 
     @dispatcher.span
@@ -92,9 +92,9 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
         if not nodes:
             return []
         reranker = self.reranker
-        with self._event(nodes, query_bundle, reranker) as event:
+        with self._event(nodes, query_bundle, reranker) as event, self._progress(len(nodes)) as progress:
             started = time.perf_counter()
-            ranking = await reranker.arerank(query, self._texts(nodes))
+            ranking = await reranker.arerank(query, self._texts(nodes), progress=progress)
             return self._finish(nodes, ranking, event, reranker, time.perf_counter() - started)
 
     def _texts(self, nodes: list[NodeWithScore]) -> list[str]:

@@ -125,3 +125,18 @@ def test_on_the_real_server_the_first_call_of_each_adapter_warns_once_naming_the
     assert len(warnings) == 1 and _kept_warning(warnings[0]) and repr(test_model) in warnings[0], warnings
     assert "0 of at most 40 queries read" in warnings[0]
     assert [n.score for n in nodes] == RETRIEVED[:3] and [d.metadata[RELEVANCE_SCORE_KEY] for d in docs] == RETRIEVED[:3]
+
+
+def test_progress_counts_the_requests_of_a_ranking_as_they_go():
+    seen: list[int] = []
+    ranking = _core(guard=None).rerank(QUERY, TEXTS, progress=seen.append)
+    assert len(seen) > 3 and seen == sorted(set(seen)) and seen[-1] == ranking.usage.requests
+
+
+@pytest.mark.parametrize("on", [True, False, None])
+def test_the_adapters_draw_a_progress_bar_when_asked_and_not_when_not_interactive(on, capfd):
+    LlamaIndexRerank(reranker=_core(guard=None), top_n=2, progress=on).postprocess_nodes(_nodes(), query_str=QUERY)
+    LangChainRerank(reranker=_core(guard=None), top_n=2, progress=on).compress_documents(
+        [Document(page_content=t) for t in TEXTS], QUERY)
+    err = capfd.readouterr().err
+    assert (err.count("capcal: ranking 6 passages") >= 2) == bool(on), err  # None: stderr is not a terminal here
