@@ -272,6 +272,33 @@ def test_vllm_chat_transport_sends_the_prefix_as_text():
     assert not [p for p in prefills if "Ġ" in p]
 
 
+def test_a_prompt_list_without_a_free_slot_goes_prompt_by_prompt_and_reads_the_same():
+    """Issue 35: a content check reads a short list in 13 prompt lists; with 4 slots, 9 cannot be pinned, and an
+    unpinned list of several prompts made llama.cpp compute the whole prompt once per idle slot. Sent prompt by
+    prompt, each goes to the slot holding its prefix; the readings are the same as with enough slots."""
+    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.drivers import run_sync
+    from capcal_integrations.rules import RULES
+
+    def read(slots):
+        calls = []
+        rr = reranker(make_handler(calls=calls, slots=slots), guard=None)
+        rr.capabilities()
+        calls.clear()
+        texts = [f"passage {i} about fleas" for i in range(8)]
+        reading, _ = run_sync(check_readings(rr._state.for_ranking(), rr.options.replace(alpha=1.0), "q", texts,
+                                             RULES["query"]), rr.client)
+        bodies = [json.loads(c.content) for c in calls if c.url.path == "/v1/completions"]
+        return reading, bodies
+
+    few, bodies = read(4)
+    many, _ = read(64)
+    assert few.slots == many.slots
+    unpinned = [b for b in bodies if "id_slot" not in b]
+    assert unpinned and all(len(b["prompt"]) == 1 for b in unpinned)  # never a list of several, unpinned
+    assert any(len(b["prompt"]) > 1 for b in bodies if "id_slot" in b)  # a pinned list goes whole
+
+
 def test_no_two_requests_in_flight_share_a_llamacpp_slot():
     # more live prompts (5 queries x 2 streams) than slots (4), all at once: a request never goes to a
     # slot that already has one of ours in flight (llama.cpp's server once looped forever on that)

@@ -125,8 +125,8 @@ class LlamaCpp(PromptLists):
         return {key: state.templates[(_IDS, key)] for key in keys}
 
     def deliver(self, state: EndpointState, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]]:
-        if state.routed and caps.slots > 1:
-            return (yield from _prompt_by_prompt(calls))
+        if caps.slots > 1 and any(len(call.body["prompt"]) > 1 and "id_slot" not in call.body for call in calls):
+            return (yield from _prompt_by_prompt(calls))  # routed, or more prompts than free slots
         return (yield calls)
 
 
@@ -148,17 +148,20 @@ def _ids_only(state: EndpointState, keys: Iterable[Key]) -> Flow[None]:
 
 
 def _prompt_by_prompt(calls: list[Call]) -> Flow[list[Any]]:
-    """The answers to ``calls`` (prompt lists) without slot pins (``routed``). llama.cpp runs the prompts of
-    one prompt list in all its idle slots at once, each slot computing the whole prompt; sent one by one
-    instead (each list's prompts in turn, the lists side by side), each prompt goes to the idle slot most
-    like it, the one that holds its prefix, and costs only its last tokens."""
+    """The answers to ``calls`` (prompt lists), those without a slot pin (``routed``, or more prompts at once than
+    free slots) sent prompt by prompt. llama.cpp runs the prompts of one unpinned prompt list in all its idle slots at
+    once, each slot computing the whole prompt; sent one by one instead (each list's prompts in turn, the lists side
+    by side), each prompt goes to the idle slot most like it, the one that holds its prefix, and costs only its last
+    tokens. A pinned list goes whole, in the first round: its slot holds its prefix."""
     bodies = [dict(call.body or {}) for call in calls]
+    whole = [("id_slot" in body) for body in bodies]
     parts: list[list[Any]] = [[] for _ in calls]
-    for r in range(max(len(body["prompt"]) for body in bodies)):
-        live = [k for k, body in enumerate(bodies) if r < len(body["prompt"])]
-        answers = yield [Call("POST", COMPLETIONS, {**bodies[k], "prompt": [bodies[k]["prompt"][r]]}) for k in live]
+    for r in range(max(1 if w else len(body["prompt"]) for w, body in zip(whole, bodies))):
+        live = [k for k, body in enumerate(bodies) if (r == 0 if whole[k] else r < len(body["prompt"]))]
+        answers = yield [Call("POST", COMPLETIONS, bodies[k] if whole[k] else {**bodies[k], "prompt": [bodies[k]["prompt"][r]]})
+                         for k in live]
         for k, answer in zip(live, answers):
-            parts[k].extend(choices_of(answer, 1))
+            parts[k].extend(choices_of(answer, len(bodies[k]["prompt"]) if whole[k] else 1))
     return [{"choices": [{**choice, "index": i} for i, choice in enumerate(choices)]} for choices in parts]
 
 
