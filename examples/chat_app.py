@@ -109,7 +109,7 @@ def chat(base_url: str, turns: list[str] | None, candidates: int, top_n: int, ma
               f"{ranking.usage.requests} requests, {time.perf_counter() - started:.0f} s):")
         for rank, doc in enumerate(result["context"], 1):
             details = doc.metadata["capcal"]
-            print(f"    {rank}. {doc.id:>8}  score {doc.metadata['relevance_score']:.3f}  "
+            print(f"    {rank}. {doc.id:>8}  score {doc.metadata.get('relevance_score', float('nan')):.3f}  "
                   f"(BM25 rank {details['input_rank']:2d})  {snippet(doc.page_content)}")
         for note in ranking.notes:
             print(f"  note: {note}")

@@ -93,7 +93,7 @@ def run(base_url: str, query: str, candidates: int, top_n: int, max_tokens: int,
           f"{time.perf_counter() - started:.0f} s)")
     for rank, doc in enumerate(context, 1):
         was = doc.metadata["capcal"]["input_rank"]
-        print(f"  {rank:2d}. {doc.id:>8}  score {doc.metadata['relevance_score']:.3f}  (was {was:2d})  "
+        print(f"  {rank:2d}. {doc.id:>8}  score {doc.metadata.get('relevance_score', float('nan')):.3f}  (was {was:2d})  "
               f"{snippet(doc.page_content)}")
 
     answer = answer_chain.invoke({"context": "\n\n".join(d.page_content for d in context), "question": query})

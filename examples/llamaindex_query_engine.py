@@ -85,7 +85,8 @@ def run(base_url: str, query: str, candidates: int, top_n: int, max_tokens: int,
           f"{time.perf_counter() - started:.0f} s with the answer)")
     for rank, hit in enumerate(response.source_nodes, 1):
         was = hit.node.metadata["capcal"]["input_rank"]
-        print(f"  {rank:2d}. {hit.node.node_id:>8}  score {hit.score:.3f}  (was {was:2d})  "
+        score = float("nan") if hit.score is None else hit.score  # None: kept, and the retriever gave none
+        print(f"  {rank:2d}. {hit.node.node_id:>8}  score {score:.3f}  (was {was:2d})  "
               f"{snippet(hit.node.get_content())}")
     print(f"\nanswer: {str(response).strip()}")
 
