@@ -30,8 +30,7 @@ from .redaction import redact
 from .reranker import CapCalReranker
 from .types import Ranking
 
-__all__ = ["RerankerSettings", "clients_of", "rerank_summary", "metadata_key", "model_scored", "METADATA_KEY",
-           "FALLBACK_METADATA_KEY"]
+__all__ = ["RerankerSettings", "clients_of", "rerank_summary", "metadata_key", "METADATA_KEY", "FALLBACK_METADATA_KEY"]
 
 _CONNECTION = ("base_url", "model", "timeout", "max_retries")
 #: what the adapters add to a returned item's metadata goes under this one key ...
@@ -56,12 +55,6 @@ def metadata_key(metadata: Mapping[str, Any]) -> str:
         n += 1
         key = f"{FALLBACK_METADATA_KEY}_{n}"
     return key
-
-
-def model_scored(ranking: Ranking) -> bool:
-    """Whether a model placed the list (its scores are the model's), not kept in its given order (the content
-    check, or one passage): the adapters then keep the retriever's own scores."""
-    return ranking.method != "given-order"
 
 
 def _option_fields() -> dict[str, Any]:

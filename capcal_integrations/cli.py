@@ -200,7 +200,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 def _score(ranking: Ranking, i: int, passage: Any) -> float | None:
     """The model's score of passage ``i``; where no model placed the list (kept in its given order), the passage's
     own ``"score"`` if it has one, else ``None``: never a score made from places."""
-    if ranking.method != "given-order":
+    if ranking.placed_by_model:
         return ranking.scores[i]
     own = passage.get("score") if isinstance(passage, dict) else None
     return own if isinstance(own, (int, float)) and not isinstance(own, bool) else None

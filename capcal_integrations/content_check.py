@@ -242,8 +242,8 @@ class ContentCheck:
         if warn:
             log.warning("capcal: model %r: lists keep their given order (the retriever's, with its scores) while the "
                         "content check decides whether the model reads the passages (%d of at most %d queries read; "
-                        "readings run in the background, minutes a query on a CPU server). To decide now: "
-                        "reranker.decide(judged) or `capcal decide --data DIR` with judged queries; guard=None "
+                        "readings run off the request path unless check_wait=True, minutes a query on a CPU server). "
+                        "To decide now: reranker.decide(judged) or `capcal decide --data DIR` with judged queries; guard=None "
                         "calibrates anyway (docs/content-check.md).", dict(self.key).get("model"), e.queries, self.cap)
         return f"content check deciding ({why}{self.attempts.note()}): kept in its given order until it decides"
 

@@ -140,6 +140,16 @@ class Ranking:
     checked: tuple[int, ...] = ()
     kept_given_order: bool = False
 
+    @property
+    def placed_by_model(self) -> bool:
+        """Whether a model placed the list (``scores`` are the model's), not kept in its given order (the content
+        check, or at most one passage: ``method`` ``"given-order"``, ``scores`` places only).
+
+        >>> Ranking((0, 1), (1.0, 0.5), "given-order").placed_by_model
+        False
+        """
+        return self.method != "given-order"
+
     def top(self, k: int | None = None) -> tuple[int, ...]:
         """The first ``k`` input indices of :attr:`order` (all when ``k`` is None; ``k`` >= 0).
 

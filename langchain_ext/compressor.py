@@ -54,7 +54,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, model_scored, rerank_summary
+from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]
 
@@ -136,7 +136,7 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
         out = []
         for i in ranking.top(self.top_n):
             metadata = copy.deepcopy(documents[i].metadata)
-            if not model_scored(ranking):  # no score of the model's: the input's own, where it has one
+            if not ranking.placed_by_model:  # no score of the model's: the input's own, where it has one
                 if RELEVANCE_SCORE_KEY not in metadata and _is_score(metadata.get("score")):
                     metadata[RELEVANCE_SCORE_KEY] = metadata["score"]
             else:  # the user's own relevance_score is kept: ours goes beside it

@@ -50,7 +50,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, model_scored, rerank_summary
+from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
@@ -112,7 +112,7 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
                 seconds: float) -> list[NodeWithScore]:
         self._last_ranking = ranking
         details = ranking.details()
-        kept = not model_scored(ranking)  # no score of the model's: the retriever's own, unchanged
+        kept = not ranking.placed_by_model  # no score of the model's: the retriever's own, unchanged
         new_nodes = [NodeWithScore(node=_annotated_copy(nodes[i], details[i]),
                                    score=nodes[i].score if kept else ranking.scores[i])
                      for i in ranking.top(self.top_n)]
