@@ -345,7 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("eval", help="evaluate methods on a benchmark (see: capcal eval --help)", add_help=False)
     sub.add_parser("testbed", help="measure the methods on the simulated reranker (see: capcal testbed --help)",
                    add_help=False)
-    sub.add_parser("decisions", help="list or forget the content decisions kept across processes", add_help=False)
+    sub.add_parser("status", help="each content decision kept and each check still deciding (what the default does "
+                                  "per model)", add_help=False)
+    sub.add_parser("decisions", help="the same as status; decisions forget ID|--all deletes", add_help=False)
     return parser
 
 
@@ -372,10 +374,10 @@ def _subcommand(name: str) -> Callable[[list[str]], int]:
         from .evaluation.command import main as eval_main
 
         return eval_main
-    if name == "decisions":
+    if name in ("decisions", "status"):
         from .decisions_command import main as decisions_main
 
-        return decisions_main
+        return lambda argv: decisions_main(argv, prog=f"capcal {name}")
     from .testbed.command import main as testbed_main
 
     return testbed_main
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     ``capcal: error: ...`` (exit 1), an argument error (exit 2), or an interruption (exit 130)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _exit_on_sigterm()
-    if argv[:1] in (["eval"], ["testbed"], ["decisions"]):  # commands with their own parsers
+    if argv[:1] in (["eval"], ["testbed"], ["decisions"], ["status"]):  # commands with their own parsers
         verbose = "-v" in argv or "--verbose" in argv
         _setup_logging(verbose, "capcal: %(message)s")
         return _handled(lambda: _subcommand(argv[0])(argv[1:]), verbose)

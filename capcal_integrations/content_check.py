@@ -201,6 +201,7 @@ class ContentCheck:
         self.source = "saved" if decision is not None and decision.saved else "given"
         self.evidence = rule.evidence(cap)
         self.readings: list[Reading] = []
+        self.read: list[str] = []  # the identities of the queries of ``readings`` (kept with them: the store)
         self.attempts = Attempts()  # lists read and being read, failures and retries
         self._option: str | None = None  # the decision option last installed
         self._looked = False  # the store looked up
@@ -242,7 +243,8 @@ class ContentCheck:
         if warn:
             log.warning("capcal: model %r: lists keep their given order (the retriever's, with its scores) while the "
                         "content check decides whether the model reads the passages (%d of at most %d queries read; "
-                        "readings run off the request path unless check_wait=True, minutes a query on a CPU server). "
+                        "readings run off the request path unless check_wait=True, minutes a query on a CPU server, and are "
+                        "kept across runs: capcal status). "
                         "To decide now: reranker.decide(judged) or `capcal decide --data DIR` with judged queries; guard=None "
                         "calibrates anyway (docs/content-check.md).", dict(self.key).get("model"), e.queries, self.cap)
         return f"content check deciding ({why}{self.attempts.note()}): kept in its given order until it decides"
@@ -273,11 +275,41 @@ class ContentCheck:
             if self.decision is not None:
                 return self.decision
             self.readings.append(reading)
+            self.read.append(ident)
             verdict = self.evidence.add(*facts)
-            if verdict is None:
-                return None
-            readings = list(self.readings)
+            readings, read = list(self.readings), list(self.read)
+        if verdict is None:
+            if self.store is not None:  # the next process goes on from here (.saved_readings)
+                self.store.save_readings(self.key, readings, read, self.evidence.for_reads)
+            return None
         return self.settle(self._decide(verdict, readings, form), f"rule {self.rule.name!r}", first=True)
+
+    def _resume(self) -> None:
+        """Go on from the readings another process kept for this key (the store's), as if read here in turn."""
+        form = dict(self.key).get("calibration", "additive")  # the readings' form is part of the key
+        progress = self.store.load_readings(self.key)
+        if progress is None:
+            return
+        verdict = None
+        with self._lock:
+            for ident, reading in zip(progress.read, progress.readings):
+                if verdict is not None or ident in self.read:
+                    continue
+                try:
+                    facts = self.rule.summary(reading)
+                except ValueError as err:  # a reading of another shape than this rule's (a file edited by hand)
+                    log.warning("capcal: a kept reading does not fit the %r rule (%s); the check reads afresh",
+                                self.rule.name, err)
+                    self.readings, self.read, self.evidence = [], [], self.rule.evidence(self.cap)
+                    return
+                self.attempts.read(ident)
+                self.readings.append(reading)
+                self.read.append(ident)
+                verdict = self.evidence.add(*facts)
+            readings = list(self.readings)
+        log.info("capcal: the content check goes on from %d queries read before (%s)", len(readings), progress.path)
+        if verdict is not None:
+            self.settle(self._decide(verdict, readings, form), f"rule {self.rule.name!r}", first=True)
 
     def settle(self, decision: ContentDecision, source: str, first: bool = False) -> ContentDecision:
         """The one place a decision is set: installed (``first``: only if none is), announced in one log line and
@@ -311,6 +343,8 @@ class ContentCheck:
             stored = self.store.load(self.key)
             if stored is not None and not (stored.verdict == "undecided" and stored.lists < self.cap):
                 self.settle(stored, "saved", first=True)
+            else:
+                self._resume()
 
     def _recap(self, cap: int) -> None:
         """A new ``check_lists``: an "undecided" at a smaller cap reads on (the e-process may go on: it is valid at

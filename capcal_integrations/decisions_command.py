@@ -1,11 +1,13 @@
-"""``capcal decisions``: the content decisions kept across processes (:mod:`.saved_decisions`).
+"""``capcal status`` (or ``capcal decisions``): the content decisions kept across processes and the checks still
+deciding (:mod:`.saved_decisions`, :mod:`.saved_readings`).
 
-    capcal decisions                   # one line each: id, model, key, verdict, source, when
-    capcal decisions --json            # the same as JSON rows
-    capcal decisions forget 3fa9c2     # the decision whose id starts so (or every one of a model)
+    capcal status                      # one line each: id, model, key, verdict (or "deciding: k queries read"), when
+    capcal status --json               # the same as JSON rows
+    capcal decisions forget 3fa9c2     # the decision (and readings) whose id starts so, or every one of a model
     capcal decisions forget --all
 
-A forgotten decision is taken again by the next ranking that needs it (the content check decides afresh).
+A forgotten decision is taken again by the next ranking that needs it (the content check decides afresh, from
+no readings when those are forgotten too). A check in progress is shown as of its last query read, by any process.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from .errors import InputError
-from .saved_decisions import STORE, describe
+from .saved_decisions import STORE, describe, describe_progress
 
 __all__ = ["main", "parser"]
 
@@ -26,8 +28,8 @@ def _out(text: str, stream: TextIO | None = None) -> None:
     (stream or sys.stdout).write(text + "\n")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="capcal decisions", description=__doc__,
+def parser(prog: str = "capcal decisions") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="JSON rows instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="(accepted for symmetry; nothing more is logged)")
@@ -39,16 +41,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str]) -> int:
-    args = parser().parse_args(list(argv))
+def main(argv: Sequence[str], prog: str = "capcal decisions") -> int:
+    args = parser(prog).parse_args(list(argv))
     where = STORE.folder
     if args.action == "forget":
         if bool(args.all) == bool(args.which):
             raise InputError("capcal decisions forget needs an id (or a model) or --all, not both")
-        rows = [describe(s) for s in STORE.forget(None if args.all else args.which)]
+        which = None if args.all else args.which
+        progress = [describe_progress(p) for p in STORE.forget_readings(which)]
+        try:
+            rows = [describe(s) for s in STORE.forget(which)] + progress
+        except InputError:
+            if not progress:
+                raise
+            rows = progress
         verb = "forgot"
     else:
-        rows, verb = [describe(s) for s in STORE.entries()], ""
+        rows = [describe(s) for s in STORE.entries()] + [describe_progress(p) for p in STORE.progress()]
+        verb = ""
     if args.json:
         _out(json.dumps(rows, indent=1))
         return 0
@@ -59,9 +69,10 @@ def main(argv: Sequence[str]) -> int:
         _out(f"capcal decisions: none {'matched' if verb else 'saved'} in {where}")
         return 0
     for r in rows:
-        lists = f" after {r['lists']} queries" if r["lists"] is not None else ""
+        lists = f" after {r['lists']} queries" if r["lists"] is not None and r["source"] != "check in progress" else ""
         _out(f"{verb + ' ' if verb else ''}{r['id']}  {r['model']}  [{r['key']}]  {r['verdict']}{lists}  "
               f"({r['source'] or 'unknown source'}, {r['saved_at'] or 'unknown time'})")
     if not verb:
-        _out(f"({len(rows)} in {where}; capcal decisions forget ID|--all deletes)", sys.stderr)
+        _out(f"({len(rows)} in {where}; capcal decisions forget ID|--all deletes; a check in progress is as of its "
+             "last query read)", sys.stderr)
     return 0

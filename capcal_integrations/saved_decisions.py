@@ -15,7 +15,9 @@ are kept (:func:`kept`): a served name alone is not the same model after a resta
   and its key against the one asked for. A file that does not pass is ignored, with one WARNING per file, and the
   check decides afresh (and saves over it).
 
-``capcal decisions`` lists them, ``capcal decisions forget`` deletes them (:mod:`.decisions_command`).
+A check still deciding keeps its readings beside them (:mod:`.saved_readings`), so the next process goes on
+from there. ``capcal status`` (or ``capcal decisions``) lists both, ``capcal decisions forget`` deletes them
+(:mod:`.decisions_command`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import os
 import pathlib
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import saved_readings
 from .content_check import ContentDecision, Key
+from .contrast import Reading
 from .errors import InputError
 
 try:
@@ -41,7 +45,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: the rename alone keeps files whole
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["folder", "kept", "key_id", "Store", "Saved", "STORE", "write_atomically", "describe"]
+__all__ = ["folder", "kept", "key_id", "Store", "Saved", "STORE", "write_atomically", "describe", "describe_progress"]
 
 log = logging.getLogger("capcal_integrations")
 FORMAT = 1  # the envelope's version ("capcal_saved_decision")
@@ -133,6 +137,7 @@ class Store:
             where.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self._locked(where):
                 write_atomically(path, json.dumps(envelope, indent=1) + "\n")
+                saved_readings.drop(where, ident)  # decided: the readings are done with
         except OSError as err:
             log.warning("capcal: cannot save the content decision in %s (%s); it holds for this process only",
                         where, err)
@@ -141,6 +146,48 @@ class Store:
             _warned.discard(str(path))
         log.debug("capcal: content decision saved in %s", path)
         return path
+
+    def load_readings(self, key: Key) -> saved_readings.Progress | None:
+        """The readings kept for ``key`` while its check decides, or ``None`` (none, or a file that does not pass:
+        one WARNING)."""
+        where = self.folder
+        if where is None or not kept(key):
+            return None
+        progress = saved_readings.load(where, key_id(key))
+        if progress is not None and (progress.problem or dict(progress.key) != dict(key)):
+            _warn_once(progress.path, progress.problem or "it is about another key", "the check reads afresh")
+            return None
+        return progress
+
+    def save_readings(self, key: Key, readings: Sequence[Reading], read: Sequence[str], e_value: float) -> None:
+        """Keep a deciding check's readings (merged with another process's, under the folder's lock)."""
+        where = self.folder
+        if where is None or not kept(key):
+            return
+        ident = key_id(key)
+        try:
+            saved_readings.path(where, ident).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self._locked(where):
+                write_atomically(saved_readings.path(where, ident),
+                                 saved_readings.merged(where, ident, key, readings, read, e_value))
+        except OSError as err:
+            log.warning("capcal: cannot keep the content check's readings in %s (%s); they hold for this process only",
+                        where, err)
+
+    def progress(self) -> list[saved_readings.Progress]:
+        """Every check in progress kept in the folder (unusable files with their ``problem``), oldest first."""
+        where = self.folder
+        return [] if where is None else saved_readings.entries(where)
+
+    def forget_readings(self, which: str | None) -> list[saved_readings.Progress]:
+        """Delete the kept readings whose id or model starts with ``which`` (``None``: all); those deleted."""
+        where = self.folder
+        chosen = [p for p in self.progress() if which is None or p.id.startswith(which) or p.model == which]
+        if chosen and where is not None:
+            with self._locked(where):
+                for p in chosen:
+                    saved_readings.drop(where, p.id)
+        return chosen
 
     def entries(self) -> list[Saved]:
         """Every file of the folder, read (unusable ones with their ``problem``), oldest first."""
@@ -218,13 +265,13 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
         raise
 
 
-def _warn_once(path: pathlib.Path, problem: str) -> None:
+def _warn_once(path: pathlib.Path, problem: str, then: str = "the check decides afresh") -> None:
     with _warned_lock:
         if str(path) in _warned:
             return
         _warned.add(str(path))
-    log.warning("capcal: the saved content decision %s is ignored (%s); the check decides afresh and saves over it "
-                "(capcal decisions forget removes it)", path, problem)
+    log.warning("capcal: the saved file %s is ignored (%s); %s and saves over it (capcal decisions forget removes "
+                "it)", path, problem, then)
 
 
 #: The store the rerankers use: the folder of :func:`folder`, looked up at every call.
@@ -240,3 +287,14 @@ def describe(saved: Saved) -> dict[str, Any]:
     return {"id": saved.id, "model": key.get("model", "?"), "weights": key.get("weights", ""), "key": summary,
             "verdict": d.verdict if d is not None else f"unusable: {saved.problem}", "source": saved.source,
             "saved_at": saved.saved_at, "lists": d.lists if d is not None else None, "path": str(saved.path)}
+
+
+def describe_progress(progress: saved_readings.Progress) -> dict[str, Any]:
+    """A check in progress as a listing shows it, in :func:`describe`'s columns."""
+    key = dict(progress.key)
+    summary = ", ".join(f"{k}={v}" for k, v in key.items() if k in ("template", "prompt", "rule", "window"))
+    verdict = (f"deciding: {len(progress.readings)} queries read, e = {progress.e_value:.3g}" if not progress.problem
+               else f"unusable: {progress.problem}")
+    return {"id": progress.id, "model": key.get("model", "?"), "weights": key.get("weights", ""), "key": summary,
+            "verdict": verdict, "source": "check in progress", "saved_at": progress.saved_at,
+            "lists": len(progress.readings), "path": str(progress.path)}

@@ -200,6 +200,91 @@ def test_the_decision_option_wins_over_the_store_and_is_kept():
     assert Served(data).reranker().rerank(*data[1][:2]).method != "capcal"  # the option's decision is kept
 
 
+# --------------------------------------------------------------------------- readings kept while deciding
+
+
+def test_a_check_in_progress_goes_on_in_the_next_process_and_reads_no_query_twice(caplog):
+    """Issue 34: a script that ranks a few lists and exits started every run at "0 queries read" and never
+    decided. Its readings are kept per key until the decision; the next process goes on from there."""
+    data = lists(16)
+    first = Served(data)
+    rr = first.reranker(check_wait=True)
+    for q, p, _ in data[:2]:
+        assert rr.rerank(q, p).kept_given_order
+    [check] = rr._state.content.values()
+    assert check.decision is None and check.evidence.queries == 2
+    [progress] = Store().progress()
+    assert progress.model == dict(check.key)["model"] and progress.id == key_id(check.key)
+    assert len(progress.readings) == 2 and progress.key == check.key and progress.readings == tuple(check.readings)
+
+    again = Served(data)  # a restart: a new endpoint state, the same model and options
+    rr2 = again.reranker(check_wait=True)
+    with caplog.at_level(logging.INFO, logger="capcal_integrations"):
+        ranking = rr2.rerank(*data[0][:2])  # a query read by the first process: not read again
+    [check2] = rr2._state.content.values()
+    assert check2.evidence.queries == 2 and check2.read == check.read
+    assert again.prompts == 0 and ranking.kept_given_order and "2 of at most" in ranking.notes[0]
+    assert any("goes on from 2 queries read before" in r.message for r in caplog.records)
+    decision = decided(rr2, data[2:])
+    assert decision is not None and decision.lists == check2.evidence.queries
+    assert Store().progress() == [] and Store().load(decision.key) == decision  # decided: the readings are gone
+
+
+def test_processes_reading_at_once_keep_each_query_once():
+    data = lists(16)
+    a, b = Served(data).reranker(check_wait=True), Served(data).reranker(check_wait=True)
+    a.rerank(*data[0][:2])
+    b.rerank(*data[1][:2])  # b looked at the store before a's reading was kept? No: b's first ranking looks now
+    b.rerank(*data[2][:2])
+    a.rerank(*data[2][:2])  # the same query in both processes
+    [progress] = Store().progress()
+    assert sorted(progress.read) == sorted({content_check.query_identity(data[k][0]) for k in range(3)})
+    assert len(progress.read) == 3  # each query once, whichever process read it
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{ torn", "Expecting"),
+    (json.dumps({"capcal_check_readings": 1, "key": {"model": "m"}, "readings": [{"query": "x", "slots": []}]}),
+     "identity"),
+    (json.dumps({"capcal_check_readings": 1, "key": {"model": "m"}, "readings": [
+        {"query": "a" * 64, "slots": [["1e999"]]}]}), "finite numbers"),
+])
+def test_a_corrupt_readings_file_is_ignored_with_one_warning_and_the_check_reads_afresh(text, problem, caplog):
+    data = lists(16)
+    rr = Served(data).reranker(check_wait=True)
+    rr.rerank(*data[0][:2])
+    [progress] = Store().progress()
+    progress.path.write_text(text)
+    again = Served(data)
+    with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
+        again.reranker(check_wait=True).rerank(*data[0][:2])
+    warned = [r.message for r in caplog.records if "is ignored" in r.message]
+    assert len(warned) == 1 and problem in warned[0] and "reads afresh" in warned[0]
+    assert again.prompts > 0  # the query is read afresh
+    [progress] = Store().progress()
+    assert not progress.problem and len(progress.readings) == 1  # and saved over the broken file
+
+
+def test_capcal_status_shows_saved_decisions_and_checks_in_progress(capsys):
+    from capcal_integrations.cli import main
+
+    data = lists(16)
+    rr = Served(data).reranker(check_wait=True)
+    for q, p, _ in data[:3]:
+        rr.rerank(q, p)
+    Store().save(a_decision(), "rule 'query'")
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and any(" reads after 9 queries" in line for line in out)
+    assert any("deciding: 3 queries read, e = " in line and "check in progress" in line for line in out)
+    assert main(["status", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted(r["source"] for r in rows) == ["check in progress", "rule 'query'"]
+    [progress] = Store().progress()
+    assert main(["decisions", "forget", progress.id[:6]]) == 0 and Store().progress() == []
+    assert "forgot" in capsys.readouterr().out and len(Store().entries()) == 1
+
+
 # --------------------------------------------------------------------------- the deciding machinery
 
 
