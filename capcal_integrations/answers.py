@@ -16,13 +16,11 @@ probability is 0.0 either way). NaN, ``+inf`` and positive values are malformed.
 
 from __future__ import annotations
 
-import json
 import math
-import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ResponseError
+from .errors import ResponseError, excerpt  # noqa: F401 - excerpt: re-exported (its users import it here)
 from .types import Usage
 
 __all__ = ["LOGPROB_FLOOR", "MAX_ALTERNATIVES", "malformed", "excerpt", "usage_of", "parse_tokens", "top_entries", "choices_of",
@@ -40,22 +38,6 @@ Alternatives = tuple[tuple[str, float], ...]  # (token text, logprob) at one pos
 Generated = tuple[tuple[str, Alternatives], ...]  # per generated position: the token chosen, its alternatives
 
 
-def excerpt(body: Any, limit: int = 160) -> str:
-    """A short JSON rendering of ``body`` for error messages; only as much of it is rendered as is shown
-    (an answer may be megabytes).
-
-    >>> excerpt({"choices": "x" * 300}, 30)
-    '{"choices": "xxxxxxxxxxxxxxxxx…'
-    """
-    text = ""
-    try:
-        for piece in json.JSONEncoder(ensure_ascii=False, default=repr).iterencode(body):
-            text += piece
-            if len(text) > limit:
-                break
-    except (TypeError, ValueError, RecursionError):
-        text = reprlib.repr(body)
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def malformed(what: str, body: Any) -> ResponseError:

@@ -17,6 +17,7 @@ import logging
 import math
 import numbers
 import os
+import urllib.parse
 import weakref
 from collections.abc import Mapping
 from types import ModuleType
@@ -25,10 +26,12 @@ from typing import Any
 import openai
 
 from .errors import InputError
+from .redaction import redact
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clients", "resolve_base_url", "resolve_api_key", "http_library", "DEFAULT_TIMEOUT", "DEFAULT_MAX_RETRIES"]
+__all__ = ["Clients", "resolve_base_url", "resolve_api_key", "warn_bare_url", "http_library", "DEFAULT_TIMEOUT",
+           "DEFAULT_MAX_RETRIES"]
 
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_RETRIES = 2
@@ -68,6 +71,27 @@ def resolve_base_url(base_url: str | None = None) -> str:
     if not url:
         raise InputError(_NO_ENDPOINT)
     return url
+
+
+_bare_warned: set[str] = set()
+
+
+def warn_bare_url(url: str) -> bool:
+    """One WARNING per URL for a ``base_url`` with no path at all (``http://host:8080``): llama.cpp answers there
+    too, so it works until the same code meets vLLM, SGLang or a hosted API, which serve only under ``/v1``
+    (a 404 then). Whether it warned.
+
+    >>> warn_bare_url("http://127.0.0.1:8080/v1"), warn_bare_url("https://x.example/api"), warn_bare_url("http://h:1")
+    (False, False, True)
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.path.strip("/") or not parts.netloc or url in _bare_warned:
+        return False
+    _bare_warned.add(url)
+    fixed = urllib.parse.urlunsplit(parts._replace(path="/v1"))
+    log.warning("base_url %s has no /v1: llama.cpp answers there too, but vLLM, SGLang and hosted APIs serve only "
+                "under /v1 (HTTP 404 there); use %s", redact(url), redact(fixed))
+    return True
 
 
 def resolve_api_key(api_key: str | None = None) -> str:
@@ -122,6 +146,7 @@ class Clients:
         self._client, self._http_client = client, http_client
         self._async_client, self._async_http_client = async_client, async_http_client
         self._per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        warn_bare_url(str(self.settings["base_url"]))
 
     @property
     def base_url(self) -> str:

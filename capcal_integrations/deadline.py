@@ -11,6 +11,10 @@ order: the places the model had chosen in the top window stay, best first; every
 the order it was given (a lower window's work does not decide any top place, so it is not used). The
 ranking says so: ``Ranking.partial``, ``Ranking.decoded`` and a note (:func:`deadline_note`). Nothing is
 silent: without a deadline nothing here runs, and with one the result always says whether it was cut.
+A list of several windows (ranked bottom first, the top window last) keeps time for its top window: once
+the time left is less than twice the slowest window so far, the lower windows not yet ranked are left out and
+the top window is ranked next (:func:`deadline_skip_note`), so a long list under a deadline still has its
+top places decided rather than none.
 :func:`within` is the flow's last resort: a deadline that passes before any decoding (probing, fitting
 the passages) returns the first-stage order the same way.
 """
@@ -25,7 +29,7 @@ from typing import Any
 from .protocol import Flow
 from .types import Ranking
 
-__all__ = ["Deadline", "DeadlinePassed", "partial_order", "deadline_note", "within", "finish"]
+__all__ = ["Deadline", "DeadlinePassed", "partial_order", "deadline_note", "deadline_skip_note", "within", "finish"]
 
 
 class DeadlinePassed(Exception):  # noqa: N818 - a signal, not an error: it never reaches the caller
@@ -94,6 +98,16 @@ def deadline_note(seconds: float | None, decided: int, n: int) -> str:
         return f"deadline {seconds:g} s passed before any place was decided: the list is in first-stage order"
     return (f"deadline {seconds:g} s passed after {decided} of {n} places were decided: places {decided + 1}-{n} "
             "are in first-stage order")
+
+
+def deadline_skip_note(seconds: float | None, skipped: int, top: int) -> str:
+    """What a long list says when lower windows were left out so that the top window could be ranked in time.
+
+    >>> print(deadline_skip_note(60, 14, 20)[:60])
+    deadline 60 s: 14 lower window(s) not ranked, to leave the t
+    """
+    return (f"deadline {seconds:g} s: {skipped} lower window(s) not ranked, to leave the top window (passages 1-{top} "
+            "as they stood) the time it takes; passages below it keep their order so far")
 
 
 def first_stage(n: int, method: str, seconds: float | None, notes: Sequence[str] = ()) -> Ranking:

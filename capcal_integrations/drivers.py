@@ -29,7 +29,7 @@ import openai
 from . import transfer
 from .answers import excerpt, usage_of
 from .deadline import Deadline, DeadlinePassed
-from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError
+from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError, request_url
 from .protocol import Call, Flow
 from .routing import ListRoute
 from .types import Usage
@@ -57,8 +57,9 @@ def _typed(err: Exception, call: Call) -> EndpointError:
         return EndpointTimeout(f"{where}: no answer in time ({err})")
     if isinstance(err, openai.APIConnectionError):
         return EndpointUnreachable(f"{where}: cannot reach the endpoint ({err})")
-    if isinstance(err, openai.APIStatusError):
-        return EndpointError(f"{where}: HTTP {err.status_code}: {str(err.body)[:300]}", status=err.status_code, body=err.body)
+    if isinstance(err, openai.APIStatusError):  # its body bounded (.errors.kept_body); raised apart from err (_detached)
+        return EndpointError(f"{where}: HTTP {err.status_code}: {excerpt(err.body, 300)}", status=err.status_code,
+                             body=err.body, url=request_url(err))
     return ResponseError(f"{where}: unreadable answer ({type(err).__name__}: {err})")
 
 
@@ -96,7 +97,18 @@ def _send_sync(client: Any, call: Call, route: ListRoute | None = None, deadline
             raise DeadlinePassed(abandoned=1) from err
         raise
     except (openai.OpenAIError, ValueError) as err:
-        raise _typed(err, call) from err
+        failure = _detached(err, call)
+    raise failure
+
+
+def _detached(err: Exception, call: Call) -> EndpointError:
+    """The typed error of ``err``, raised ``from err`` here unless ``err`` is an HTTP error status: that one is
+    returned, for the caller to raise outside its ``except`` block, so that nothing keeps ``err`` (``openai``'s
+    error holds the whole answer, twice: a 40 MB error answer would make a 40 MB exception)."""
+    failure = _typed(err, call)
+    if not isinstance(err, openai.APIStatusError):
+        raise failure from err
+    return failure
 
 
 async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore, route: ListRoute | None = None,
@@ -109,7 +121,8 @@ async def _send_async(client: Any, call: Call, limit: asyncio.Semaphore, route: 
             return _checked(await transfer.asend(client, call.method, _url(client, call), body, options,
                                                  f"{call.method} {call.path}"), call)
         except (openai.OpenAIError, ValueError) as err:
-            raise _typed(err, call) from err
+            failure = _detached(err, call)
+    raise failure
 
 
 class _Run:

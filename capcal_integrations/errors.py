@@ -6,6 +6,7 @@ The tree::
      ├── InputError              bad arguments: empty query, unknown method, bad option values
      ├── CapabilityError         the endpoint lacks something a method needs (says what, and what still works)
      ├── EndpointError           the endpoint failed; carries ``status`` and ``body`` when there was a response
+     │    │                       (``body``: the answer, or its first BODY_KEPT characters when longer)
      │    ├── EndpointTimeout     no answer within ``timeout`` (after retries)
      │    ├── EndpointUnreachable connection refused / DNS / TLS failure (after retries)
      │    └── ResponseError       an answer came back but is malformed or lacks the log-probabilities asked for
@@ -21,7 +22,11 @@ ever turned into a score or into the input order.
 
 from __future__ import annotations
 
-__all__ = [
+import json
+import reprlib
+from typing import Any
+
+__all__ = [  # the error types (the package exports them all); excerpt, kept_body, request_url: helpers
     "CapCalError",
     "InputError",
     "CapabilityError",
@@ -56,6 +61,39 @@ class CapabilityError(CapCalError):
         self.alternatives = alternatives
 
 
+#: the most of an error answer an error keeps (characters of its JSON rendering): an answer may be megabytes
+BODY_KEPT = 16_384
+
+
+def excerpt(body: Any, limit: int = 160) -> str:
+    """A short JSON rendering of ``body`` for error messages; only as much of it is rendered as is shown
+    (an answer may be megabytes).
+
+    >>> excerpt({"choices": "x" * 300}, 30)
+    '{"choices": "xxxxxxxxxxxxxxxxx…'
+    """
+    text = ""
+    try:
+        for piece in json.JSONEncoder(ensure_ascii=False, default=repr).iterencode(body):
+            text += piece
+            if len(text) > limit:
+                break
+    except (TypeError, ValueError, RecursionError):
+        text = reprlib.repr(body)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def kept_body(body: object) -> object:
+    """``body`` as an error keeps it: itself when its JSON rendering is at most :data:`BODY_KEPT` characters,
+    else that rendering's start (a string ending in "…"): a 40 MB error answer makes a small error.
+
+    >>> kept_body({"error": "busy"}), len(kept_body("x" * 10**6))
+    ({'error': 'busy'}, 16385)
+    """
+    shown = excerpt(body, BODY_KEPT)
+    return shown if len(shown) > BODY_KEPT else body
+
+
 #: what to do next, by HTTP status (the message says it after what failed)
 KEY_HINT = ("the endpoint wants an API key: set CAPCAL_API_KEY (or pass api_key=...); "
             "for a `capcal serve` server, `capcal key` prints its key")
@@ -77,14 +115,14 @@ CAPCAL_API_KEY (or pass api_key=...); for a `capcal serve` server, `capcal key` 
     def __init__(self, message: str, *, status: int | None = None, body: object = None, url: str | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.body = body
+        self.body = kept_body(body)
         self._url = url
 
     @property
     def url(self) -> str | None:
         """The URL of the failed request, credentials redacted: the one given, else that of the ``openai``
         error this one was raised from (``raise EndpointError(...) from err``)."""
-        url = self._url or _request_url(self.__cause__)
+        url = self._url or request_url(self.__cause__)
         return _redacted(url) if url else None
 
     def hint(self) -> str:
@@ -102,7 +140,7 @@ CAPCAL_API_KEY (or pass api_key=...); for a `capcal serve` server, `capcal key` 
         return f"{message}; {hint}" if hint and hint not in message else message
 
 
-def _request_url(err: BaseException | None) -> str | None:
+def request_url(err: BaseException | None) -> str | None:
     try:
         return str(err.request.url) if err is not None else None  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - no request behind it (openai raises this property's RuntimeError)

@@ -140,7 +140,9 @@ class Options:
     deadline: float | None = _option(None, "Seconds a ranking may take (None: no limit). When it passes, in-flight "
                                      "requests are abandoned (their connections closed: the server stops them) and "
                                      "the places decided so far are returned, the rest in first-stage order "
-                                     "(Ranking.partial, a note). The client's retries are off under a deadline.",
+                                     "(Ranking.partial, a note). A list of several windows keeps time for its top "
+                                     "window: lower windows stop once less than twice the slowest is left (a note). "
+                                     "The client's retries are off under a deadline.",
                                      parse_optional_float)
     m: int = _option(5, "Shuffles for method='psc'.", parse_int)
     seed: int = _option(0, "Shuffle seed for method='psc'.", parse_int)

@@ -34,7 +34,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .content_check import Pending, check_of
-from .deadline import DeadlinePassed, deadline_note, finish, partial_order, within
+from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, partial_order, within
 from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths
 from .errors import CapabilityError, InputError
@@ -76,10 +76,12 @@ def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Seque
     n = len(docs)
     if n <= 1:  # nothing to rank, no request: no method ran
         return Ranking(tuple(range(n)), (1.0,) * n, "given-order", notes=(f"{n} passage{'s' * (n != 1)}: nothing to rank",))
-    return (yield from within(_ranked(state, opts, query, docs), n, opts.method, opts.deadline))
+    clock = Deadline(opts.deadline) if opts.deadline is not None else None  # started as the driver's (its first next)
+    return (yield from within(_ranked(state, opts, query, docs, clock), n, opts.method, opts.deadline))
 
 
-def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document]) -> Flow[Ranking]:
+def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document],
+            clock: Deadline | None = None) -> Flow[Ranking]:
     n = len(docs)
     caps = yield from capabilities(state)
     opts = _resolve(state, caps, opts)
@@ -90,13 +92,13 @@ def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document
         if kept is not None:
             return dataclasses.replace(kept, notes=(*notes, *kept.notes))
         notes = [*check_notes, *notes]
-        ranking = yield from _sliding(state, opts, query, texts)
+        ranking = yield from _sliding(state, opts, query, texts, clock)
         how = "their given order" if route(caps, opts.prompt) == "generation" else "the last decoded step's scores"
         return dataclasses.replace(ranking, notes=(*notes, *ranking.notes, *_cut_note(ranking, opts, how)))
     rng = random.Random(opts.seed)
     shuffles = [rng.sample(range(n), n) for _ in range(opts.m)]
     vanilla = opts.replace(method="vanilla")
-    runs = yield from parallel([_sliding(state, vanilla, query, [texts[i] for i in s]) for s in shuffles])
+    runs = yield from parallel([_sliding(state, vanilla, query, [texts[i] for i in s], clock) for s in shuffles])
     order = borda_decoded([[s[i] for i in run.order] for s, run in zip(shuffles, runs)], [r.decoded for r in runs], n)
     notes += [f"shuffle {k}: {note}" for k, run in enumerate(runs) for note in run.notes]
     decoded, partial = decoded_places(n, opts.depth), any(run.partial for run in runs)
@@ -214,7 +216,8 @@ def parallel(flows: Sequence[Flow]) -> Flow[list]:
     return results
 
 
-def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) -> Flow[Ranking]:
+def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str],
+             clock: Deadline | None = None) -> Flow[Ranking]:
     n = len(texts)
     first_only = opts.method.startswith("first-token")
     order, confidence = list(range(n)), [0.0] * n
@@ -222,7 +225,14 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
     prior, bounds, notes = None, 0, []
     depths = window_depths(n, opts.window, opts.stride, None if first_only else opts.depth)  # see .depth
     decoded, partial = None if first_only else decoded_places(n, opts.depth), False
-    for w, (start, end) in enumerate(windows(n, opts.window, opts.stride)):
+    spans, took, skipped = windows(n, opts.window, opts.stride), 0.0, 0  # bottom first; the slowest window's seconds
+    for w, (start, end) in enumerate(spans):
+        if start and clock is not None and (skipped or (took and clock.left() < 2 * took)):
+            skipped += 1  # .deadline: a lower window would leave the top window less than its time
+            if w == len(spans) - 2:
+                notes.append(deadline_skip_note(opts.deadline, skipped, spans[-1][1]))
+            continue
+        began = clock.clock() if clock is not None else 0.0
         members = order[start:end]
         result = yield from rank_window(state, opts, query, [texts[i] for i in members], first_only, depths[w])
         notes += [f"window {w}: {note}" for note in result.notes]
@@ -233,6 +243,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str]) 
                        members[s.chosen], w, s.upper_bounds) for s in result.steps]
         prior = prior or result.prior
         bounds += result.upper_bounds
+        took = max(took, clock.clock() - began) if clock is not None else 0.0
         if result.partial:  # the deadline passed in this window: the top places it decided, the rest as given
             decided = order[:result.decoded] if start == 0 else []
             order, decoded, partial = partial_order(n, decided), len(decided), True

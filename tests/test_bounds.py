@@ -238,3 +238,47 @@ def test_an_error_quotes_an_excerpt_never_the_whole_body():
     text = str(malformed("'choices' is odd", body))
     assert len(text) < 600 and excerpt(body).endswith("…")
     assert time.monotonic() - started < 0.05  # the excerpt renders no more than it shows
+
+
+def _kept(err: BaseException) -> int:
+    """The bytes of text and data an error keeps: its message, attributes and the errors chained to it."""
+    seen, total, todo = set(), 0, [err]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (str, bytes, bytearray)):
+            total += len(obj)
+        elif isinstance(obj, dict):
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple)):
+            todo += list(obj)
+        elif isinstance(obj, BaseException):
+            todo += [obj.args, vars(obj), obj.__cause__, obj.__context__]
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            todo.append(vars(obj))
+    return total
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_40_mb_error_answer_makes_an_error_under_100_kb(serve, mode):
+    """Issue 36: an HTTP 500 answer of 40 MB made a 40 MB EndpointError (its body kept whole, and openai's own
+    error, holding it twice, chained to it)."""
+    from capcal_integrations.errors import EndpointError
+
+    body = json.dumps({"error": {"message": "x" * (40 * 2**20), "code": 500}}).encode()
+    server = serve(lambda method, path: (500, body, 0))
+
+    def once():
+        yield [Call("POST", "completions", {"prompt": "x"})]
+
+    with pytest.raises(EndpointError) as err:
+        if mode == "sync":
+            run_sync(once(), openai.OpenAI(base_url=server.url, api_key="x", max_retries=0))
+        else:
+            asyncio.run(run_async(once(), openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0),
+                                  asyncio.Semaphore(1)))
+    assert err.value.status == 500 and "HTTP 500" in str(err.value) and len(str(err.value)) < 600
+    assert err.value.url.endswith("/v1/completions")  # the URL is kept without the openai error it came from
+    assert _kept(err.value) < 100 * 2**10, _kept(err.value)

@@ -1,6 +1,7 @@
 """One client configuration: settings survive from a ready client to the one built beside it."""
 
 import asyncio
+import logging
 
 import openai
 import pytest
@@ -66,3 +67,16 @@ def test_capcal_api_key_comes_after_the_argument_and_before_openai_api_key(monke
     assert CapCalReranker(base_url="http://127.0.0.1:9/v1", api_key="given").client.api_key == "given"
     monkeypatch.delenv("CAPCAL_API_KEY")
     assert CapCalReranker(base_url="http://127.0.0.1:9/v1").client.api_key == "sk-openai"
+
+
+def test_a_base_url_without_v1_is_flagged_once(caplog):
+    """Issue 34: a missing /v1 worked silently on llama.cpp (it serves both) and failed on other servers."""
+    from capcal_integrations.client import Clients
+
+    with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
+        Clients(base_url="http://127.0.0.1:18093", api_key="x")
+        Clients(base_url="http://127.0.0.1:18093", api_key="x")  # the same URL: said once
+        Clients(base_url="http://127.0.0.1:18093/v1", api_key="x")
+        Clients(base_url="https://gateway.example/openai", api_key="x")  # a path of its own: not ours to judge
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "has no /v1" in warning and "use http://127.0.0.1:18093/v1" in warning

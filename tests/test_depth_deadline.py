@@ -185,6 +185,24 @@ def test_deadline_returns_decided_places_and_the_rest_in_first_stage_order(mode)
     assert ranking.usage.requests >= 2 * ranking.decoded
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_long_list_under_a_deadline_keeps_time_for_its_top_window(mode):
+    """Issue 34: a 200-passage list with deadline=60 spent 51 requests on its lower windows (ranked bottom first)
+    and returned the first-stage order. Now the lower windows stop once the time left is less than twice the
+    slowest one, and the top window is ranked in the time kept for it."""
+    passages = [f"passage {i} about topic {i % 7}" for i in range(200)]
+    rr = _reranker(method="vanilla", window=20, stride=10, depth=2, delay=0.1, deadline=4.0)
+    started = time.monotonic()
+    ranking = rr.rerank("q", passages) if mode == "sync" else asyncio.run(rr.arerank("q", passages))
+    assert time.monotonic() - started < 4.0 + 0.3
+    ranked = sorted({s.window for s in ranking.steps})
+    assert 18 in ranked and len(ranked) <= 4, ranked  # the top window (the 19th, run last) and a few lower ones
+    assert ranking.decoded == 2 and not ranking.partial, ranking.notes
+    assert any("lower window(s) not ranked, to leave the top window" in note for note in ranking.notes)
+    assert sorted(ranking.order) == list(range(200))
+    assert list(ranking.order[:2]) == [s.chosen for s in ranking.steps if s.window == 18][:2]
+
+
 def test_deadline_before_the_first_answer_is_the_first_stage_order():
     ranking = _reranker(delay=0.5, deadline=0.2).rerank("q", PASSAGES)
     assert ranking.order == tuple(range(8)) and ranking.partial and ranking.decoded == 0
