@@ -47,7 +47,8 @@ def _out(text: str = "", stream: TextIO | None = None) -> None:
 
 def _reranker(args: argparse.Namespace, found: Endpoint) -> CapCalReranker:
     """The reranker for ``found`` (a :class:`~.server.Endpoint`): a local server gets its own key; an
-    endpoint the user named gets ``--api-key`` (None: ``$CAPCAL_API_KEY``, then ``$OPENAI_API_KEY``)."""
+    endpoint the user named gets ``--api-key`` (None: the environment's key of that URL's own pair, as
+    :func:`~.client.resolve_endpoint` pairs them)."""
     url, model = found
     return CapCalReranker(base_url=url, model=args.model_name or model, api_key=found.api_key or args.api_key,
                           **options_from_args(args))
@@ -92,7 +93,8 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
                                       "$CAPCAL_BASE_URL, else the server your `capcal serve` runs on 127.0.0.1:8080, "
                                       "else the embedded one)")
     p.add_argument("--api-key", default=None,
-                   help="key for the --base-url endpoint (default: $CAPCAL_API_KEY, then $OPENAI_API_KEY); a local "
+                   help="key for the --base-url endpoint (default: $CAPCAL_API_KEY if it is $CAPCAL_BASE_URL, "
+                        "$OPENAI_API_KEY if it is $OPENAI_BASE_URL: a key goes only with its own URL); a local "
                         "server found or started without --base-url is always sent its own key")
     p.add_argument("--model", default=None,
                    help="the model: with --base-url, the name to ask the endpoint for (default: the first it lists); "

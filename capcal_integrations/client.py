@@ -12,6 +12,7 @@ asyncio): pass ``async_http_client`` or ``async_client`` for that.
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib
 import logging
 import math
@@ -30,15 +31,15 @@ from .redaction import redact
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clients", "resolve_base_url", "resolve_api_key", "warn_bare_url", "http_library", "DEFAULT_TIMEOUT",
-           "DEFAULT_MAX_RETRIES"]
+__all__ = ["Clients", "resolve_endpoint", "credentials_out_of_url", "warn_bare_url", "http_library", "DEFAULT_TIMEOUT",
+           "DEFAULT_MAX_RETRIES", "PAIRS", "OPENAI_URL"]
 
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_RETRIES = 2
 _NO_ENDPOINT = (
     "no endpoint configured: pass base_url=... (or client=...), or set CAPCAL_BASE_URL or OPENAI_BASE_URL. "
-    "For the embedded local model run `capcal serve` in another terminal and set CAPCAL_API_KEY=$(capcal key) "
-    "(base_url then defaults to http://127.0.0.1:8080/v1)."
+    "For the embedded local model run `capcal serve` in another terminal, then "
+    "export CAPCAL_BASE_URL=$(capcal key --url) CAPCAL_API_KEY=$(capcal key)."
 )
 
 
@@ -56,21 +57,52 @@ def http_library() -> ModuleType:
 _OPENAI_MAJOR = int(openai.__version__.split(".")[0])
 
 
-#: where ``capcal serve`` listens by default (server/launcher.py's DEFAULT_PORT)
-LOCAL_SERVE_URL = "http://127.0.0.1:8080/v1"
+#: OpenAI's own URL: ``$OPENAI_API_KEY`` goes there when no ``$OPENAI_BASE_URL`` names another
+OPENAI_URL = "https://api.openai.com/v1"
+#: the pairs of environment variables: a key goes only to the URL of its own pair
+PAIRS = (("CAPCAL_BASE_URL", "CAPCAL_API_KEY"), ("OPENAI_BASE_URL", "OPENAI_API_KEY"))
+NO_KEY = "not-needed"  # what keyless servers get (openai's client needs a string)
 
 
-def resolve_base_url(base_url: str | None = None) -> str:
-    """``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``, else, with ``$CAPCAL_API_KEY`` set
-    (the key of a ``capcal serve``), where ``capcal serve`` listens by default (:data:`LOCAL_SERVE_URL`);
-    an :class:`InputError` that says how to start the embedded server when none is set."""
-    url = base_url or os.environ.get("CAPCAL_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
-    if not url and os.environ.get("CAPCAL_API_KEY"):
-        log.info("no base_url: using %s (capcal serve's default) with $CAPCAL_API_KEY", LOCAL_SERVE_URL)
-        url = LOCAL_SERVE_URL
+def _same(a: str | None, b: str | None) -> bool:
+    return bool(a and b) and a.rstrip("/") == b.rstrip("/")  # type: ignore[union-attr]
+
+
+def resolve_endpoint(base_url: str | None = None, api_key: str | None = None) -> tuple[str, str]:
+    """The URL and the key to send it, each key only with its own URL (issue 36):
+
+    * the URL: ``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``; none: an :class:`InputError`
+      that says how to start the embedded server (``$CAPCAL_API_KEY`` alone names no URL: the library does not
+      guess that whatever listens on 127.0.0.1:8080 is your ``capcal serve``);
+    * the key: ``api_key``, else the environment's key of the URL's own pair (:data:`PAIRS`): ``$CAPCAL_API_KEY``
+      when the URL is ``$CAPCAL_BASE_URL``, ``$OPENAI_API_KEY`` when it is ``$OPENAI_BASE_URL`` (or OpenAI's own
+      URL with no ``$OPENAI_BASE_URL``), else none. ``$CAPCAL_API_KEY`` with a URL from ``$OPENAI_BASE_URL`` and no
+      ``$OPENAI_API_KEY`` is an :class:`InputError` saying which goes with which.
+    """
+    env = os.environ
+    url = base_url or env.get("CAPCAL_BASE_URL") or env.get("OPENAI_BASE_URL")
     if not url:
-        raise InputError(_NO_ENDPOINT)
-    return url
+        raise InputError(_NO_ENDPOINT if not env.get("CAPCAL_API_KEY") else _KEY_WITHOUT_URL)
+    if api_key:
+        return url, api_key
+    for url_name, key_name in PAIRS:
+        if env.get(key_name) and (_same(url, env.get(url_name)) or (
+                key_name == "OPENAI_API_KEY" and not env.get(url_name) and _same(url, OPENAI_URL))):
+            return url, env[key_name]
+    if not base_url and env.get("CAPCAL_API_KEY") and not env.get("CAPCAL_BASE_URL"):
+        raise InputError("CAPCAL_API_KEY is set but the URL comes from OPENAI_BASE_URL, and a key goes only with its "
+                         "own URL: CAPCAL_API_KEY with CAPCAL_BASE_URL, OPENAI_API_KEY with OPENAI_BASE_URL. For your "
+                         "capcal serve: export CAPCAL_BASE_URL=$(capcal key --url); for the OPENAI_BASE_URL endpoint: "
+                         "set OPENAI_API_KEY (or pass api_key=...)")
+    withheld = [k for u, k in PAIRS if env.get(k)]
+    if withheld:
+        log.info("no key sent to %s: %s go(es) only with its own URL (%s); pass api_key=... for this one", redact(url),
+                 " and ".join(withheld), ", ".join(f"{k} with {u}" for u, k in PAIRS))
+    return url, NO_KEY
+
+
+_KEY_WITHOUT_URL = ("CAPCAL_API_KEY is set but no URL is: a key goes only with its own URL. For your capcal serve: "
+                    "export CAPCAL_BASE_URL=$(capcal key --url) (or pass base_url=...)")
 
 
 _bare_warned: set[str] = set()
@@ -94,10 +126,25 @@ def warn_bare_url(url: str) -> bool:
     return True
 
 
-def resolve_api_key(api_key: str | None = None) -> str:
-    """``api_key``, else ``$CAPCAL_API_KEY`` (the key of a ``capcal serve`` server: ``capcal key`` prints it),
-    else ``$OPENAI_API_KEY``, else a placeholder for keyless servers."""
-    return api_key or os.environ.get("CAPCAL_API_KEY") or os.environ.get("OPENAI_API_KEY") or "not-needed"
+def credentials_out_of_url(url: str, headers: Mapping[str, str] | None) -> tuple[str, Mapping[str, str] | None]:
+    """``url`` without ``user:password@``, and ``headers`` with the same credentials as HTTP Basic authorization
+    (what httpx would have sent for them): no URL the library or httpx logs can hold them.
+
+    >>> credentials_out_of_url("http://u:p%40ss@h:1/v1", None)
+    ('http://h:1/v1', {'Authorization': 'Basic dTpwQHNz'})
+    >>> credentials_out_of_url("http://h:1/v1", {"X": "1"})
+    ('http://h:1/v1', {'X': '1'})
+    """
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, headers
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+    given = dict(headers or {})
+    if not any(k.lower() == "authorization" for k in given):
+        given["Authorization"] = f"Basic {token}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), given
 
 
 def _settings_of(client: openai.OpenAI | openai.AsyncOpenAI) -> dict[str, Any]:
@@ -137,9 +184,11 @@ class Clients:
                                  "http_client), not both")
             self.settings = _settings_of(ready)
         else:
+            url, key = resolve_endpoint(base_url, api_key)
+            url, default_headers = credentials_out_of_url(url, default_headers)
             self.settings = {
-                "base_url": resolve_base_url(base_url),
-                "api_key": resolve_api_key(api_key),
+                "base_url": url,
+                "api_key": key,
                 "timeout": DEFAULT_TIMEOUT if timeout is None else timeout,
                 "max_retries": DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
                 "default_headers": default_headers, "default_query": default_query}

@@ -60,13 +60,14 @@ def _typed(err: Exception, call: Call) -> EndpointError:
     if isinstance(err, openai.APIStatusError):  # its body bounded (.errors.kept_body); raised apart from err (_detached)
         return EndpointError(f"{where}: HTTP {err.status_code}: {excerpt(err.body, 300)}", status=err.status_code,
                              body=err.body, url=request_url(err))
-    return ResponseError(f"{where}: unreadable answer ({type(err).__name__}: {err})")
+    return ResponseError(f"{where}: unreadable answer ({type(err).__name__}: {err})", unreadable=True)
 
 
 def _checked(answer: Any, call: Call) -> Any:
     """Every route used answers a JSON object; anything else is malformed."""
     if not isinstance(answer, dict):
-        raise ResponseError(f"{call.method} {call.path}: expected a JSON object, got {excerpt(answer)}", body=answer)
+        raise ResponseError(f"{call.method} {call.path}: expected a JSON object, got {excerpt(answer)}", body=answer,
+                            unreadable=True)
     return answer
 
 

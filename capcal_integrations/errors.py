@@ -95,8 +95,8 @@ def kept_body(body: object) -> object:
 
 
 #: what to do next, by HTTP status (the message says it after what failed)
-KEY_HINT = ("the endpoint wants an API key: set CAPCAL_API_KEY (or pass api_key=...); "
-            "for a `capcal serve` server, `capcal key` prints its key")
+KEY_HINT = ("the endpoint wants an API key: set CAPCAL_API_KEY with CAPCAL_BASE_URL (a key goes only with its own "
+            "URL) or pass api_key=...; for a `capcal serve` server, `capcal key` prints its key")
 NOT_FOUND_HINT = "does base_url end in /v1 (e.g. http://127.0.0.1:8080/v1)?"
 UNREACHABLE_HINT = "is the server running there? (`capcal serve` starts the embedded one)"
 
@@ -109,7 +109,8 @@ class EndpointError(CapCalError):
 
     >>> str(EndpointError("GET models: HTTP 401: unauthorized", status=401, url="http://u:pw@h:8080/v1/models"))
     'GET models: HTTP 401: unauthorized (http://***@h:8080/v1/models); the endpoint wants an API key: set \
-CAPCAL_API_KEY (or pass api_key=...); for a `capcal serve` server, `capcal key` prints its key'
+CAPCAL_API_KEY with CAPCAL_BASE_URL (a key goes only with its own URL) or pass api_key=...; for a `capcal serve` \
+server, `capcal key` prints its key'
     """
 
     def __init__(self, message: str, *, status: int | None = None, body: object = None, url: str | None = None) -> None:
@@ -170,7 +171,13 @@ class EndpointUnreachable(EndpointError):
 
 
 class ResponseError(EndpointError):
-    """The endpoint answered, but the answer is malformed or lacks the requested log-probabilities."""
+    """The endpoint answered, but the answer is malformed or lacks the requested log-probabilities.
+    ``unreadable``: not even a JSON object (cut short, an HTML page): a failed answer, not a shape that says
+    what the endpoint supports (a probe tries it again, then raises: it never reads it as "unsupported")."""
+
+    def __init__(self, message: str, *, unreadable: bool = False, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.unreadable = unreadable
 
 
 class MissingExtra(CapCalError, ImportError):

@@ -124,9 +124,13 @@ def resolve_template(template: PromptTemplate | str) -> PromptTemplate:
     return TEMPLATES[template]
 
 #: Brackets a reader (or a tokenizer after NFKC) could take for an identifier's: ASCII, full-width, CJK
-#: lenticular and tortoise-shell, white square, vertical and small presentation forms, quill and tick forms.
-_OPENING = "[［【〔〖〘〚⟦⟬⦋⦍⦏⁅﹇﹝︹︻︗⸢⸤"
-_CLOSING = "]］】〕〗〙〛⟧⟭⦌⦎⦐⁆﹈﹞︺︼︘⸣⸥"
+#: lenticular and tortoise-shell, white square, vertical and small presentation forms, quill and tick forms,
+#: angle, light tortoise-shell and black tortoise-shell ornaments (``⟨7⟩``, ``❲7❳``, ``⦗7⦘``, ``〈7〉``).
+_OPENING = "[［【〔〖〘〚⟦⟬⦋⦍⦏⁅﹇﹝︹︻︗⸢⸤⟨❲⦗〈⟪❬❮❰〈⦑⧼"
+_CLOSING = "]］】〕〗〙〛⟧⟭⦌⦎⦐⁆﹈﹞︺︼︘⸣⸥⟩❳⦘〉⟫❭❯❱〉⦒⧽"
+#: Characters that show as blank but are letters or symbols to Unicode (Hangul and braille fillers, Khmer and
+#: Mongolian invisible vowels): dropped inside a bracket like spaces (``[ㅤ7]``, ``[ᅠ7]``, ``[⠀7]``).
+_BLANK = frozenset("\u3164\uffa0\u2800\u115f\u1160\u17b4\u17b5\u180e")
 #: A candidate: an opening bracket, a few characters (spaces, zero-width characters, digits of any form),
 #: a closing bracket; :func:`_identifier` decides whether it is one.
 _BRACKETED = re.compile(f"[{re.escape(_OPENING)}]([^{re.escape(_OPENING + _CLOSING)}\\n]{{1,24}})[{re.escape(_CLOSING)}]")
@@ -155,7 +159,8 @@ def _identifier(inside: str) -> str | None:
     ['7', '7', '7', '7', '7', 'B', '7', None, None, None]
     """
     text = "".join(c for c in unicodedata.normalize("NFKC", inside)
-                   if unicodedata.category(c) not in ("Cf", "Mn", "Me", "Zs", "Zl", "Zp", "Cc") and not c.isspace())
+                   if unicodedata.category(c) not in ("Cf", "Mn", "Me", "Zs", "Zl", "Zp", "Cc") and not c.isspace()
+                   and c not in _BLANK)
     text = "".join(str(unicodedata.digit(c)) if unicodedata.digit(c, None) is not None else c for c in text)
     return text if _IDENTIFIER.fullmatch(text) else None
 
@@ -167,6 +172,8 @@ def defuse_identifiers(text: str) -> str:
 
     >>> defuse_identifiers("see [3], ﹇7﹈, ⟦7⟧, 〚7〛, [⑦], [⁷], [\\u200b7] and [1][2]; keep [note] and [a b]")
     'see (3), (7), (7), (7), (7), (7), (7) and (1)(2); keep [note] and [a b]'
+    >>> defuse_identifiers("[\\u31647], [\\uffa07], [\\u28007], ⟨7⟩, ❲7❳, ⦗7⦘")
+    '(7), (7), (7), (7), (7), (7)'
     """
     def rewrite(m: re.Match[str]) -> str:
         inside = _identifier(m.group(1))

@@ -64,7 +64,7 @@ def decode(data: bytes | bytearray, where: str) -> Any:
         return json.loads(bytes(data))
     except (ValueError, RecursionError):
         head = bytes(data[:100]).decode("utf-8", "replace")
-        raise ResponseError(f"{where}: the answer is not JSON: {excerpt(head, 26)}", body=head) from None
+        raise ResponseError(f"{where}: the answer is not JSON: {excerpt(head, 26)}", body=head, unreadable=True) from None
 
 
 def _grow(body: bytearray, chunk: bytes, where: str) -> None:

@@ -99,7 +99,7 @@ def test_the_signature_shows_every_field(ext):
 
 def test_no_credential_in_repr_or_any_dump(ext):
     adapter = ext.CapCalRerank(base_url=CREDENTIAL_URL, api_key=SECRET, top_n=2)
-    assert adapter.base_url == "http://***@fake.test/v1?api_key=***"
+    assert adapter.base_url == "http://fake.test/v1?api_key=***"  # user:pw@ travel as a header (issue 36)
     assert adapter.reranker.client.api_key == SECRET  # the credentials still work, they are only not shown
     shown = [repr(adapter), str(adapter), json.dumps(adapter.model_dump(mode="json", exclude={"callback_manager"}))]
     if ext.__name__ == "llamaindex_ext":
@@ -142,7 +142,8 @@ def test_a_pickle_holds_no_key_and_ranks_in_a_new_process_with_the_key_from_the_
         refused = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                                  timeout=120)
         assert refused.returncode != 0 and "set CAPCAL_API_KEY" in refused.stderr
-        done = subprocess.run([sys.executable, "-c", code], env={**env, "CAPCAL_API_KEY": SECRET}, cwd=ROOT,
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,  # the key with its own URL (issue 36)
+                              env={**env, "CAPCAL_API_KEY": SECRET, "CAPCAL_BASE_URL": f"http://127.0.0.1:{port}/v1"},
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2", "2", "vanilla"]

@@ -59,14 +59,71 @@ def test_http_clients_of_the_installed_openai_major_are_accepted():
     assert sorted(rr.rerank("q", ["a", "b", "c"]).order) == [0, 1, 2]
 
 
-def test_capcal_api_key_comes_after_the_argument_and_before_openai_api_key(monkeypatch):
-    """Issue 24: the key of ``capcal serve`` is read from ``$CAPCAL_API_KEY``."""
+def test_capcal_api_key_comes_after_the_argument_and_goes_only_with_its_own_url(monkeypatch):
+    """Issue 24: the key of ``capcal serve`` is read from ``$CAPCAL_API_KEY``; issue 36: only for the URL of
+    ``$CAPCAL_BASE_URL`` (the local key went to ``OPENAI_BASE_URL`` or to any URL given)."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
     monkeypatch.setenv("CAPCAL_API_KEY", "capcal-key")
-    assert CapCalReranker(base_url="http://127.0.0.1:9/v1").client.api_key == "capcal-key"
+    monkeypatch.setenv("CAPCAL_BASE_URL", "http://127.0.0.1:9/v1")
+    assert CapCalReranker().client.api_key == "capcal-key"
+    assert CapCalReranker(base_url="http://127.0.0.1:9/v1/").client.api_key == "capcal-key"  # the same URL
     assert CapCalReranker(base_url="http://127.0.0.1:9/v1", api_key="given").client.api_key == "given"
+    assert CapCalReranker(base_url="http://127.0.0.1:10/v1").client.api_key == "not-needed"  # another URL: no key
     monkeypatch.delenv("CAPCAL_API_KEY")
-    assert CapCalReranker(base_url="http://127.0.0.1:9/v1").client.api_key == "sk-openai"
+    assert CapCalReranker().client.api_key == "not-needed"  # OPENAI_API_KEY is not CAPCAL_BASE_URL's key
+
+
+@pytest.mark.parametrize("env, url, key", [
+    # the README's export next to a user's OPENAI_BASE_URL: the local key never goes to OPENAI_BASE_URL
+    ({"CAPCAL_API_KEY": "local", "OPENAI_BASE_URL": "http://gw.example/v1", "OPENAI_API_KEY": "sk"},
+     "http://gw.example/v1", "sk"),
+    ({"CAPCAL_API_KEY": "local", "CAPCAL_BASE_URL": "http://127.0.0.1:8080/v1", "OPENAI_BASE_URL": "http://gw.example/v1",
+      "OPENAI_API_KEY": "sk"}, "http://127.0.0.1:8080/v1", "local"),
+    ({"OPENAI_API_KEY": "sk"}, None, None),  # no URL at all: an error, as before
+    ({"OPENAI_BASE_URL": "http://gw.example/v1"}, "http://gw.example/v1", "not-needed"),
+])
+def test_a_key_travels_with_its_url(monkeypatch, env, url, key):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if url is None:
+        with pytest.raises(InputError, match="no endpoint configured"):
+            CapCalReranker()
+        return
+    client = CapCalReranker().client
+    assert str(client.base_url).rstrip("/") == url and client.api_key == key
+
+
+def test_capcal_api_key_with_openai_base_url_and_no_openai_key_says_which_goes_with_which(monkeypatch):
+    monkeypatch.setenv("CAPCAL_API_KEY", "local")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://gw.example/v1")
+    with pytest.raises(InputError, match="CAPCAL_API_KEY with CAPCAL_BASE_URL, OPENAI_API_KEY with OPENAI_BASE_URL"):
+        CapCalReranker()
+
+
+def test_capcal_api_key_alone_names_no_url(monkeypatch):
+    """It went to whatever listened on 127.0.0.1:8080 (24 requests to a stranger)."""
+    monkeypatch.setenv("CAPCAL_API_KEY", "local")
+    with pytest.raises(InputError, match=r"export CAPCAL_BASE_URL=\$\(capcal key --url\)"):
+        CapCalReranker()
+
+
+def test_credentials_in_base_url_are_sent_as_a_header_and_never_logged(caplog):
+    from tests.fake_endpoint import httpx2, make_handler
+
+    seen = []
+    handler = make_handler()
+
+    def record(request):
+        seen.append((str(request.url), request.headers.get("authorization")))
+        return handler(request)
+
+    with caplog.at_level(logging.DEBUG):
+        rr = CapCalReranker(base_url="http://user:s3cret@fake.test/v1",
+                            http_client=httpx2.Client(transport=httpx2.MockTransport(record)))
+        rr.capabilities()
+    assert seen and all(auth == "Basic dXNlcjpzM2NyZXQ=" and "s3cret" not in url for url, auth in seen)
+    assert not [r for r in caplog.records if "s3cret" in r.getMessage()]
+    assert any("HTTP Request" in r.getMessage() for r in caplog.records)  # httpx's own line was there to check
 
 
 def test_a_base_url_without_v1_is_flagged_once(caplog):

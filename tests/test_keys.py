@@ -52,10 +52,11 @@ def test_capcal_key_without_a_server_says_how_to_start_one(capsys):
     assert err.count("\n") == 1 and f"capcal serve --port {port}" in err
 
 
-def test_capcal_api_key_alone_reaches_your_capcal_serve_from_python(monkeypatch):
-    """With ``capcal serve`` on its default address and ``CAPCAL_API_KEY`` set, nothing else to configure."""
+def test_the_two_exports_reach_your_capcal_serve_from_python(monkeypatch):
+    """With ``export CAPCAL_BASE_URL=$(capcal key --url) CAPCAL_API_KEY=$(capcal key)``, nothing else to configure
+    (``CAPCAL_API_KEY`` alone no longer sends the key to whatever listens on 127.0.0.1:8080: issue 36)."""
     port, key = _free_port(), new_key()
-    monkeypatch.setattr("capcal_integrations.client.LOCAL_SERVE_URL", f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv("CAPCAL_BASE_URL", f"http://127.0.0.1:{port}/v1")
     monkeypatch.setenv("CAPCAL_API_KEY", key)
     with Loopback(port=port, key=key) as server:
         ranking = CapCalReranker().rerank("how long do fleas live", PASSAGES)
@@ -82,7 +83,8 @@ def test_401_names_the_key_and_404_asks_about_v1_with_the_url_redacted():
         _failing(401).rerank("q", PASSAGES)
     message = str(caught.value)
     assert "CAPCAL_API_KEY" in message and "capcal key" in message
-    assert "(http://***@fake.test/v1" in message and "pw" not in message and "secret" not in message
+    # the URL's credentials travel as a header, out of the URL (issue 36): none is shown, none could be logged
+    assert "(http://fake.test/v1" in message and "pw" not in message and "secret" not in message
     with pytest.raises(EndpointError, match=r"does base_url end in /v1"):
         _failing(404).rerank("q", PASSAGES)
     with pytest.raises(EndpointError) as caught:

@@ -233,13 +233,27 @@ def test_a_socket_of_another_user_on_the_port_is_refused_before_any_request(port
     assert "a socket of another user (uid 65534)" in caplog.text and len(started) == 1
 
 
+@contextlib.contextmanager
+def _env(**values):
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
 def test_an_endpoint_the_user_named_gets_the_users_key(passages, capsys):
     with FakeLocal(key="user-key") as named:
         assert rerank(passages, "--base-url", named.base_url, "--api-key", "user-key") == 0
         assert named.seen and all(s.auth == "Bearer user-key" for s in named.seen)
-    with FakeLocal() as named:  # no --api-key: as before, the openai client's $OPENAI_API_KEY
+    with FakeLocal() as named:  # no --api-key: the ambient $OPENAI_API_KEY goes only with $OPENAI_BASE_URL (issue 36)
         assert rerank(passages, "--base-url", named.base_url) == 0
-        assert all(s.auth == f"Bearer {AMBIENT}" for s in named.seen)
+        assert named.seen and all(s.auth == "Bearer not-needed" for s in named.seen)
+    with FakeLocal() as named, _env(OPENAI_BASE_URL=named.base_url):  # its own URL: then it goes
+        assert rerank(passages, "--base-url", named.base_url) == 0
+        assert named.seen and all(s.auth == f"Bearer {AMBIENT}" for s in named.seen)
 
 
 def test_api_key_without_base_url_is_an_input_error(passages, capsys):
@@ -287,7 +301,7 @@ def test_credentials_in_a_url_stay_out_of_the_verbose_log(passages):
                                "--query", "q", "--passages", str(passages), "--method", "first-token"],
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "HTTP Request: POST http://***@127.0.0.1" in done.stderr  # httpx's request lines, redacted
+    assert "HTTP Request: POST http://127.0.0.1" in done.stderr  # httpx's request lines: the URL holds no credential
     assert "hunter2" not in done.stderr
 
 

@@ -221,16 +221,33 @@ class Lists:
 _UNSUPPORTED = (400, 404, 405, 422, 501)
 
 
+#: how often a probe sends a call whose answer was unreadable (cut short, not JSON) before it raises
+PROBE_TRIES = 3
+
+
 def optional(call: Call) -> Flow[Any | None]:
-    """The answer to ``call``, or ``None`` when the endpoint does not support it (an "unsupported"
-    status or an unreadable answer). Any other failure propagates."""
-    try:
-        [answer] = yield [call]
-    except EndpointError as err:
-        if err.status in _UNSUPPORTED or isinstance(err, ResponseError):
-            return None
-        raise
-    return answer
+    """The answer to ``call``, or ``None`` when the endpoint refuses it: an "unsupported" status, or a web page
+    where a server extra (``/props``, ``/tokenize``) would be. An unreadable answer (cut short, not JSON) is a
+    failure, not a refusal: the call is sent again, up to :data:`PROBE_TRIES` times, then the error propagates
+    (one broken answer must not change the route for the reranker's life: nothing is cached from a probe that
+    raised). Any other failure propagates."""
+    for attempt in range(1, PROBE_TRIES + 1):
+        try:
+            [answer] = yield [call]
+            return answer
+        except ResponseError as err:
+            if not err.unreadable:
+                return None  # a JSON object of another shape: what the endpoint answers there (not this feature)
+            if call.root and str(err.body or "").lstrip()[:1] == "<":
+                return None  # a web page at the server's root: no such extra here
+            if attempt == PROBE_TRIES:
+                raise
+            log.info("probe: %s; asked again (%d of %d)", err, attempt + 1, PROBE_TRIES)
+        except EndpointError as err:
+            if err.status in _UNSUPPORTED:
+                return None
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def unsupported(err: EndpointError) -> bool:

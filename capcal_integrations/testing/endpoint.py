@@ -151,6 +151,9 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
         if path == "/props":
             return httpx2.Response(200, json={"default_generation_settings": {"n_ctx": context}, "total_slots": slots})
         if path == "/tokenize":  # as llama.cpp: text, or a mixed list of text and token ids
+            if not isinstance(body.get("content"), (str, list)):  # vLLM's shape ("prompt", "messages"): refused
+                return httpx2.Response(400, json={"error": {"code": 400, "message": "\"content\" must be provided",
+                                                            "type": "invalid_request_error"}})
             content = body["content"] if isinstance(body["content"], list) else [body["content"]]
             pieces = [p for x in content for p in ([(x, None)] if isinstance(x, int) else  # ids pass as given
                                                    tokenize(x, parse_special=body.get("parse_special", True)))]
