@@ -54,7 +54,8 @@ class EndpointState:
     label_tokens: dict[str, tuple[Token, ...]] = field(default_factory=dict)
     templates: MutableMapping[Any, Any] = field(default_factory=TemplateCache)  # rendered skeletons, prompts as sent (text, ids)
     declared: tuple[str, ...] = ()  # control tokens the endpoint showed (vLLM's template): neutralised in text
-    controls: frozenset[int] | None = None  # vLLM: the ids of the served tokenizer's control tokens (.endpoints.vllm)
+    controls: frozenset[int] | None = None  # vLLM, SGLang: the served tokenizer's control tokens (.endpoints.controls)
+    tested: set[int] = field(default_factory=set)  # the token ids tested for being control tokens (bounded there)
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
     content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder

@@ -35,7 +35,7 @@ def fit(state: EndpointState, opts: Options, query: str, docs: Sequence[Document
     given = [passage_text(d, "release" if opts.preset == "release" else "rankgpt") for d in docs]
     whole = [cleaned(opts, t) for t in given]
     texts = [clean_passage(t, opts.max_passage_words) for t in whole] if opts.max_passage_words else list(whole)
-    yield from kind_of(caps).prepare(state)  # vLLM: the served tokenizer's control tokens, before anything is counted
+    yield from kind_of(caps).prepare(state, [query, *whole])  # the served tokenizer's control tokens, before counting
     notes = rewritten_notes(opts, state.declared + declared_tokens(opts.prompt), query, given, whole)
     if cut := sum(a != b for a, b in zip(whole, texts)):
         notes.append(f"{cut} of {n} passages cut to max_passage_words={opts.max_passage_words} words")

@@ -81,33 +81,50 @@ def fake_python(folder: pathlib.Path) -> pathlib.Path:
 
 #: Control tokens shaped like no family the deny-list knows (MiniMax's, GLM's), with ids past the fake vocabulary.
 OTHER_CONTROLS = {"]~b]": 1_000_000 + 0xF0000, "[e~[": 1_000_000 + 0xF0001, "[gMASK]": 1_000_000 + 0xF0002}
+#: Control tokens of the same tokenizers that their chat templates do not use (GLM's ``[sMASK]``, MiniMax's
+#: ``]!d~[``, Qwen's ``<tool_call>``): learned from the prompts, not from the template (issue 36).
+UNUSED_CONTROLS = {"[sMASK]": 1_000_000 + 0xF0003, "]!d~[": 1_000_000 + 0xF0004, "<tool_call>": 1_000_000 + 0xF0005}
 
 
-def other_controls_handler(calls: list | None = None):
-    """A fake vLLM endpoint (``tests.fake_endpoint.make_handler(vllm=True)``) whose tokenizer treats
-    :data:`OTHER_CONTROLS` as control tokens, matched in any text as vLLM's tokenizer does, and whose chat
-    template (MiniMax-like) is made of them: ``[gMASK]]~b]user\\n...[e~[\\n]~b]ai\\n``."""
+def other_controls_handler(calls: list | None = None, *, sglang: bool = False, unused: bool = False):
+    """A fake vLLM endpoint (``tests.fake_endpoint.make_handler(vllm=True)``; ``sglang``: SGLang's dialect) whose
+    tokenizer treats :data:`OTHER_CONTROLS` (and, with ``unused``, :data:`UNUSED_CONTROLS`) as control tokens,
+    matched in any text as vLLM's tokenizer does, and whose chat template (MiniMax-like) is made of the first
+    ones only: ``[gMASK]]~b]user\\n...[e~[\\n]~b]ai\\n``."""
     from tests.fake_endpoint import decode, make_handler, symbol, tokenize
 
-    pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(OTHER_CONTROLS, key=len, reverse=True)) + ")")
-    text_of = {v: k for k, v in OTHER_CONTROLS.items()}
+    controls = {**OTHER_CONTROLS, **(UNUSED_CONTROLS if unused else {})}
+    pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(controls, key=len, reverse=True)) + ")")
+    text_of = {v: k for k, v in controls.items()}
 
     def tokens(text: str) -> list[tuple[int, str]]:
         return [token for part in pattern.split(text) if part
-                for token in ([(OTHER_CONTROLS[part], part)] if part in OTHER_CONTROLS else tokenize(part))]
+                for token in ([(controls[part], part)] if part in controls else tokenize(part))]
+
+    def text(ids: list[int]) -> str:
+        return "".join(text_of.get(t) or decode([t]) for t in ids)
 
     def answer(pieces: list[tuple[int, str]]) -> httpx2.Response:
+        if sglang:
+            return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "count": len(pieces)})
         return httpx2.Response(200, json={"tokens": [t for t, _ in pieces], "token_strs": [symbol(p) for _, p in pieces]})
 
     def fault(request: httpx2.Request) -> httpx2.Response | None:
         body = json.loads(request.content) if request.content else {}
         if request.url.path == "/tokenize" and "messages" in body:
-            text = "[gMASK]" + "".join(f"]~b]{m['role']}\n{m['content']}[e~[\n" for m in body["messages"]) + "]~b]ai\n"
-            return answer(tokens(text))
+            rendered = "[gMASK]" + "".join(f"]~b]{m['role']}\n{m['content']}[e~[\n" for m in body["messages"]) + "]~b]ai\n"
+            return answer(tokens(rendered))
+        if request.url.path == "/tokenize" and isinstance(body.get("prompt"), list) and sglang:
+            found = [[t for t, _ in tokens(x)] for x in body["prompt"]]
+            return httpx2.Response(200, json={"tokens": found, "count": len(found)})
         if request.url.path == "/tokenize" and "prompt" in body:
             return answer(tokens(body["prompt"]))
+        if request.url.path == "/detokenize" and sglang:
+            ids = body["tokens"]
+            nested = bool(ids) and isinstance(ids[0], list)
+            return httpx2.Response(200, json={"text": [text(x) for x in ids] if nested else text(ids)})
         if request.url.path == "/detokenize":
-            return httpx2.Response(200, json={"prompt": "".join(text_of.get(t) or decode([t]) for t in body["tokens"])})
+            return httpx2.Response(200, json={"prompt": text(body["tokens"])})
         return None
 
-    return make_handler(vllm=True, fault=fault, calls=calls)
+    return make_handler(vllm=not sglang, sglang=sglang, fault=fault, calls=calls)

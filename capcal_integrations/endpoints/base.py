@@ -91,8 +91,9 @@ class Kind:
         raise CapabilityError("the endpoint returns no log-probabilities (chat completions with logprobs/top_logprobs, "
                               "or /v1/completions with logprobs); every method needs them", missing="logprobs")
 
-    def prepare(self, state: EndpointState) -> Flow[None]:
-        """What the kind learns once per endpoint before any prompt is counted or sent (nothing here)."""
+    def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
+        """What the kind learns before a ranking's prompts are counted or sent, from the endpoint and from the
+        untrusted ``texts`` it will send (nothing here)."""
         return
         yield
 

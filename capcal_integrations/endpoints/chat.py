@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from ..answers import first_choice
 from ..calls import Call, EndpointState, Flow, chat_messages, text_messages
 from .base import CHAT, Kind, Query, entries, optional, readable, register
+from .controls import learn_texts
 
 __all__ = ["CHAT_PREFILL", "ChatSupport", "detect", "CONTINUE"]
 
@@ -27,6 +28,12 @@ class ChatPrefill(Kind):
     transport: ClassVar[str] = "chat"
     prefill: ClassVar[bool] = True
     prefix_as_text: ClassVar[bool] = True
+
+    def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
+        """On a server with vLLM's or SGLang's tokenizer: the control tokens of its template and of ``texts``
+        (:func:`~.controls.learn_texts`), neutralised in the text sent; elsewhere the deny-list alone."""
+        if state.caps is not None:
+            yield from learn_texts(state, state.caps, texts)
 
     def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
         caps = state.caps

@@ -20,7 +20,9 @@ is its id decoded alone (``/detokenize`` of ``[[id], ...]``), the text SGLang ke
 SGLang whose ``/tokenize`` takes no ``messages`` (older releases) gets no prompt lists here: the probe falls
 back to chat completions continuing the prefilled assistant message (``continue_final_message``, the
 :mod:`.chat` kind), whose prefix pieces come from the same tokenizer. Untrusted spans go as neutralised
-text (:func:`~..calls.text_messages`, the deny-list), as on chat prefill; vLLM's check by id is not applied.
+text (:func:`~..calls.text_messages`) against the control tokens learned from the served tokenizer, and each
+prompt is checked by id, as on vLLM (:mod:`.controls`; SGLang's batch ``/tokenize`` and ``/detokenize`` make
+each round of that test two requests).
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import malformed, template_of
-from ..calls import Call, EndpointState, Flow, Token, chat_messages, text_messages
+from ..answers import malformed
+from ..calls import Call, EndpointState, Flow, Token, chat_messages
 from ..files import prompt_text
 from ..prompts import Messages
 from ..types import Capabilities
 from .base import COMPLETIONS, Lists, Tokenizer, optional, register, two_choices
+from .controls import DIALECTS, checked_prompts, learn_template
 from .lists import Key, PromptLists, top_limit
 
 __all__ = ["SGLANG", "TOKENIZER", "SERVER", "server_of", "detect", "template_call"]
@@ -79,18 +82,59 @@ class SglangTokenizer(Tokenizer):
 TOKENIZER = register(SglangTokenizer())
 
 
+class _Dialect:
+    """SGLang's side of the control-token test (:mod:`.controls`): every id's text in one ``/detokenize`` of
+    ``[[id], ...]``, every text's ids in one ``/tokenize`` of a list of texts."""
+
+    def template(self, caps: Capabilities) -> Call:
+        return template_call(caps.model, (("user", "x"),))
+
+    def call(self, caps: Capabilities, text: str) -> Call:
+        return TOKENIZER.call(caps.model, text)
+
+    def texts(self, caps: Capabilities, ids: Sequence[int]) -> Flow[dict[int, str]]:
+        [answer] = yield [Call("POST", "/detokenize", {"model": caps.model, "tokens": [[i] for i in ids],
+                                                        "skip_special_tokens": False}, root=True)]
+        texts = answer.get("text") if isinstance(answer, Mapping) else None
+        if not (isinstance(texts, list) and len(texts) == len(ids)):
+            raise malformed("a /detokenize answer's 'text' is not one string per list of ids", answer)
+        return dict(zip(ids, texts))
+
+    def tokenized(self, caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:
+        [answer] = yield [Call("POST", "/tokenize", {"model": caps.model, "prompt": list(texts),
+                                                      "add_special_tokens": False}, root=True)]
+        lists = answer.get("tokens") if isinstance(answer, Mapping) else None
+        if not (isinstance(lists, list) and len(lists) == len(texts) and all(isinstance(x, list) for x in lists)):
+            raise malformed("a /tokenize answer for a list of texts is not one list of ids per text", answer)
+        return [[i for i in x if isinstance(i, int)] for x in lists]
+
+
+DIALECT = DIALECTS[TOKENIZER.name] = _Dialect()
+
+
+def _render(caps: Capabilities, messages: Messages, style: str) -> Call:
+    """The request that tokenizes ``messages`` in ``style``: the served chat template, or a client-side format."""
+    return (template_call(caps.model, messages) if style == "chat"
+            else TOKENIZER.call(caps.model, prompt_text(messages, style)))
+
+
 class Sglang(PromptLists):
     name: ClassVar[str] = "SGLang token-id prompt lists"
     transport: ClassVar[str] = "sglang-completions"
     server: ClassVar[str] = SERVER
 
+    def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
+        """The served chat template's control tokens (:func:`~.controls.learn_template`), once per endpoint (the
+        texts' own: learned from the rendered prompts)."""
+        if state.caps is not None:
+            yield from learn_template(state, state.caps, DIALECT)
+
     def render(self, state: EndpointState, caps: Capabilities, keys: Sequence[Key]) -> Flow[None]:
         """Each prompt's token ids: the served chat template from ``/tokenize`` with ``messages``, a client-side
-        format rendered here and tokenized; the spans neutralised as text."""
-        calls = [template_call(caps.model, text_messages(state, p, style)) if style == "chat"
-                 else TOKENIZER.call(caps.model, prompt_text(text_messages(state, p, style), style)) for p, style in keys]
-        for key, answer in zip(keys, (yield calls)):
-            state.templates[key] = list(template_of(answer, True))
+        format rendered here and tokenized; the spans neutralised against the control tokens learned from the
+        served tokenizer, and each prompt checked by id (:func:`~.controls.checked_prompts`), as on vLLM."""
+        yield from self.prepare(state)
+        yield from checked_prompts(state, caps, keys, DIALECT, _render)
 
 
 SGLANG = register(Sglang())

@@ -9,37 +9,34 @@ returns exactly the tokens wanted (no top-k, no upper bounds).
 vLLM's tokenizer matches control tokens in any text it is given and has no switch to stop it, so here
 untrusted spans go as neutralised text (:func:`~..calls.text_messages`). Which tokens to neutralise is not
 guessed from their spelling (MiniMax's ``]~b]``, GLM's ``[gMASK]`` look like no other family's): it is
-learned once per endpoint (:func:`learn_controls`) from how the served tokenizer treats the tokens of its
-own chat template. A control token is *atomic*: the tokenizer matches its text wherever it stands, so it
-survives a space or a letter glued to either side (`` ]~b] `` and ``a]~b]a`` still hold ``]~b]``), where an
-ordinary multi-character token merges with its neighbours (`` user`` is another token than ``user``).
-Those tokens' texts are neutralised in every span, and each prompt is then checked by id
-(:func:`token_prompts`): it must hold no more control tokens than its skeleton (the template with no user
-text) does. A prompt that holds more (a tokenizer that normalises text before matching, say) is sent with
-its spans NFKC-folded and neutralised again, and refused with a :class:`~..errors.ResponseError` if that
-does not hold either. Endpoints that expose no tokenizer keep the deny-list
+learned from the served tokenizer (:mod:`.controls`): the tokens of its chat template once per endpoint
+(:func:`learn_controls`), and every token of the rendered prompts not tested before (a control the template
+does not use, GLM's ``[sMASK]``, that a passage spells). Each prompt is then checked by id
+(:func:`token_prompts`): no more control tokens than its skeleton; refused with a
+:class:`~..errors.ResponseError` otherwise. Endpoints that expose no tokenizer keep the deny-list
 (:data:`~..untrusted.KNOWN_CONTROL`).
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import parse_tokens, template_of
-from ..calls import Call, EndpointState, Flow, Token, chat_messages, text_messages
+from ..answers import parse_tokens
+from ..calls import Call, EndpointState, Flow, Token, chat_messages
 from ..errors import ResponseError
 from ..files import prompt_text
 from ..prompts import Messages
 from ..types import Capabilities
 from ..untrusted import Prompt
 from .base import COMPLETIONS, Lists, Tokenizer, entries, optional, register, two_choices
+from .controls import DIALECTS, checked_prompts, learn_template
 from .lists import Key, PromptLists, top_limit
 
-__all__ = ["VLLM", "TOKENIZER", "detect", "template_call", "learn_controls", "token_prompts", "atomic",
-           "control_count"]
+_PROBE = (("user", "x"),)  # the messages whose rendering shows the template's own tokens
+MAX_TEXT_TOKENS = 64  # tokens of a text read piece by piece (identifiers, prefixes: a few): each costs a request
+
+__all__ = ["VLLM", "TOKENIZER", "DIALECT", "detect", "template_call", "learn_controls", "token_prompts"]
 
 
 def template_call(model: str, messages: Messages) -> Call:
@@ -65,6 +62,9 @@ class VllmTokenizer(Tokenizer):
         tokens = yield from super().tokenize(caps, texts)
         if not text:
             return tokens
+        if any(len(ts) > MAX_TEXT_TOKENS for ts in tokens):  # the work below is quadratic in a text's tokens
+            raise ResponseError(f"a /tokenize answer holds {max(len(ts) for ts in tokens)} tokens for a short text "
+                                f"(an identifier or a prefix), more than the bound of {MAX_TEXT_TOKENS} (MAX_TEXT_TOKENS)")
         prefixes = sorted({tuple(i for i, _ in ts[:j]) for ts in tokens for j in range(1, len(ts) + 1)})
         decoded = yield [Call("POST", "/detokenize", {"model": caps.model, "tokens": list(p)}, root=True)
                          for p in prefixes]
@@ -87,8 +87,8 @@ class Vllm(PromptLists):
     transport: ClassVar[str] = "token-completions"
     server: ClassVar[str] = "vllm"
 
-    def prepare(self, state: EndpointState) -> Flow[None]:
-        yield from learn_controls(state)
+    def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
+        yield from learn_controls(state)  # the texts' controls: learned from the rendered prompts
 
     def render(self, state: EndpointState, caps: Capabilities, keys: Sequence[Key]) -> Flow[None]:
         yield from token_prompts(state, caps, keys)
@@ -126,64 +126,37 @@ def detect(model: str, tokenizer: str) -> Flow[Lists]:
 
 # --------------------------------------------------------------------------- control tokens, checked by id
 
-#: A token string that looks like a control token (``<|im_end|>``, ``<start_of_turn>``, ``[INST]``): kept
-#: beside the learned tokens, for the template's tokens the atomicity test cannot reach.
-_CONTROL_LIKE = re.compile(r"<[|｜]?[^\s<>]{1,40}[|｜]?>|\[/?[A-Z_]{2,30}\]")
-_PROBE = (("user", "x"),)
-_SKELETON = "control count of the skeleton"  # the rendered-prompt cache's key: (_SKELETON, skeleton, style)
+
+class _Dialect:
+    """vLLM's side of the control-token test (:mod:`.controls`): an id's text from ``/detokenize`` (one request
+    per id), a text's ids from ``/tokenize`` (one request per text)."""
+
+    def template(self, caps: Capabilities) -> Call:
+        return template_call(caps.model, _PROBE)
+
+    def call(self, caps: Capabilities, text: str) -> Call:
+        return TOKENIZER.call(caps.model, text)
+
+    def texts(self, caps: Capabilities, ids: Sequence[int]) -> Flow[dict[int, str]]:
+        decoded = yield [Call("POST", "/detokenize", {"model": caps.model, "tokens": [i]}, root=True) for i in ids]
+        return {i: d.get("prompt") for i, d in zip(ids, decoded) if isinstance(d, Mapping)}
+
+    def tokenized(self, caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:
+        answers = yield [TOKENIZER.call(caps.model, t) for t in texts]
+        return [[i for i, _ in parse_tokens(a)] for a in answers]
 
 
-def atomic(token: int, glued: Sequence[Sequence[int]]) -> bool:
-    """Whether ``token`` is still there in each tokenization of its text with neighbours glued on.
-
-    >>> atomic(7, [[1, 7, 1], [2, 7, 2]]), atomic(7, [[1, 7, 1], [9, 2]])
-    (True, False)
-    """
-    return all(token in ids for ids in glued)
-
-
-def control_count(ids: Sequence[int], controls: frozenset[int]) -> int:
-    """How many of ``ids`` are control tokens.
-
-    >>> control_count([5, 1, 5, 2], frozenset({5}))
-    2
-    """
-    return sum(i in controls for i in ids)
-
-
-def _candidate(text: str) -> bool:
-    """A template token worth the atomicity test: two characters or more, no surrounding whitespace, not a
-    plain word (a word is an ordinary token: it merges with a space before it)."""
-    return len(text) >= 2 and text == text.strip() and not text.isalnum()
+DIALECT = DIALECTS[TOKENIZER.name] = _Dialect()
 
 
 def learn_controls(state: EndpointState) -> Flow[None]:
-    """Once per endpoint: the control tokens of the served tokenizer (``state.controls``, ids) and their
-    texts, with any token of the template spelled like one (``state.declared``), neutralised in every span.
-    Nothing without vLLM's tokenizer."""
+    """Once per endpoint: the control tokens of the served chat template (:func:`~.controls.learn_template`);
+    nothing without vLLM's tokenizer. Those the template does not use are learned from the prompts
+    (:func:`token_prompts`)."""
     caps = state.caps
-    if caps is None or caps.tokenize != TOKENIZER.name or state.controls is not None:
+    if caps is None or caps.tokenize != TOKENIZER.name:
         return
-    [shown] = yield [template_call(caps.model, _PROBE)]
-    ids = list(template_of(shown, True))
-    strs = shown.get("token_strs") if isinstance(shown, Mapping) else None
-    like = {s for s in strs or () if isinstance(s, str) and _CONTROL_LIKE.fullmatch(s)}
-    distinct = list(dict.fromkeys(ids))
-    decoded = yield [Call("POST", "/detokenize", {"model": caps.model, "tokens": [i]}, root=True) for i in distinct]
-    texts = {i: d.get("prompt") for i, d in zip(distinct, decoded) if isinstance(d, Mapping)}
-    candidates = [(i, t) for i, t in texts.items() if isinstance(t, str) and _candidate(t)]
-    variants = [v for _, t in candidates for v in (f" {t} ", f"a{t}a")]
-    answers = (yield [TOKENIZER.call(caps.model, v) for v in variants]) if variants else []
-    glued = [[i for i, _ in parse_tokens(a)] for a in answers]
-    found = {(i, t) for k, (i, t) in enumerate(candidates) if atomic(i, glued[2 * k:2 * k + 2])}
-    state.controls = frozenset(i for i, _ in found)
-    state.declared = tuple(sorted(like | {t for _, t in found})) or ("",)
-
-
-def _folded(prompt: Prompt) -> Prompt:
-    """``prompt`` with its spans NFKC-folded, so that a tokenizer that normalises text before matching its
-    control tokens finds their texts as they will be matched (and neutralised)."""
-    return Prompt(prompt.skeleton, tuple(unicodedata.normalize("NFKC", s) for s in prompt.spans))
+    yield from learn_template(state, caps, DIALECT)
 
 
 def _render(caps: Capabilities, messages: Messages, style: str) -> Call:
@@ -192,30 +165,8 @@ def _render(caps: Capabilities, messages: Messages, style: str) -> Call:
             else TOKENIZER.call(caps.model, prompt_text(messages, style)))
 
 
-def _renders(state: EndpointState, caps: Capabilities, prompts: Sequence[tuple[Prompt, str]]) -> list[Call]:
-    return [_render(caps, text_messages(state, p, style), style) for p, style in prompts]
-
-
 def token_prompts(state: EndpointState, caps: Capabilities, keys: Sequence[tuple[Prompt, str]]) -> Flow[None]:
     """vLLM: each prompt as token ids, the chat template from ``/tokenize`` with ``messages`` (a client-side
-    format rendered here and tokenized), the spans neutralised against the learned control tokens; each
-    prompt checked by id against its skeleton (see the module docstring)."""
+    format rendered here and tokenized), checked by id (:func:`~.controls.checked_prompts`)."""
     yield from learn_controls(state)
-    controls = state.controls or frozenset()
-    shapes = [s for s in dict.fromkeys((p.skeleton, style) for p, style in keys) if (_SKELETON, *s) not in state.templates]
-    answers = yield [_render(caps, sk, style) for sk, style in shapes] + _renders(state, caps, keys)
-    for shape, answer in zip(shapes, answers):
-        state.templates[(_SKELETON, *shape)] = control_count(template_of(answer, True), controls)
-    rendered = {key: list(template_of(a, True)) for key, a in zip(keys, answers[len(shapes):])}
-    allowed = {key: state.templates[(_SKELETON, key[0].skeleton, key[1])] for key in keys}
-    over = [key for key in keys if control_count(rendered[key], controls) > allowed[key]]
-    if over:
-        again = yield _renders(state, caps, [(_folded(p), style) for p, style in over])
-        for key, answer in zip(over, again):
-            rendered[key] = list(template_of(answer, True))
-            if control_count(rendered[key], controls) > allowed[key]:
-                raise ResponseError("the served tokenizer makes control tokens of the passages' or the query's text even "
-                                    "once it is neutralised; the prompt was not sent")
-    for key in keys:
-        state.templates[key] = rendered[key]
-
+    yield from checked_prompts(state, caps, keys, DIALECT, _render)
