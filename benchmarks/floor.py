@@ -1,0 +1,161 @@
+"""At the floor of the server: what each method costs against what it cannot avoid (issue 35).
+
+For each list (cold: a fresh salt in every passage, so no prompt is cached from anything before it), on one
+server in one run, interleaved:
+
+* **generating**: one chat completion of RankGPT's prompt over the same passages, at most 100 generated tokens
+  (what RankGPTRerank and LLMListwiseRerank send);
+* **vanilla** and **capcal** (``guard=None``), and **one deciding query** of the content check (its readings of
+  the list, :func:`~capcal_integrations.decoding.check_readings`);
+* **the floor** of each: prefilling each distinct stream once (a request that generates one token, timed on a
+  cold copy of the stream) plus the evaluations the method cannot avoid (the decoded ranking's tokens, at the
+  per-token time of the generating request): vanilla = prefill(real) + tokens x t_token; capcal = prefill(real)
+  + prefill(empty) + 2 x tokens x t_token; a deciding query = the prefill of each of its streams (12 orders of
+  the window, with and without the query, approximated by the real stream's prefill, plus the empty prompt's).
+
+Reported per list and as medians: time / floor, time / generating, and uncached prompt tokens / the tokens of
+the distinct streams (what the server computed against what it had to). Results: ``benchmarks/results/floor.md``
+and ``floor.json``.
+
+    python benchmarks/floor.py --data ../shared/data/trec-dl19-passage [--lists 3] [--passages 20] [--base-url URL]
+
+Without ``--base-url`` it starts the embedded server (``--model``, default the packaged 0.5B) for the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker  # noqa: E402
+from capcal_integrations.decoding import check_readings  # noqa: E402
+from capcal_integrations.drivers import run_sync  # noqa: E402
+from capcal_integrations.endpoints import tokenize  # noqa: E402
+from capcal_integrations.prompts import labels, render_prompt, resolve_template  # noqa: E402
+from capcal_integrations.rules import RULES  # noqa: E402
+from capcal_integrations.testbed.measure import bench_lists  # noqa: E402
+
+
+def _chat(rr: CapCalReranker, messages: Any, max_tokens: int) -> tuple[float, int, int]:
+    """One chat completion: seconds, prompt tokens, completion tokens."""
+    started = time.perf_counter()
+    answer = rr.client.chat.completions.create(model=rr.capabilities().model, temperature=0, max_tokens=max_tokens,
+                                               messages=[{"role": r, "content": c} for r, c in messages])
+    usage = answer.usage
+    return time.perf_counter() - started, usage.prompt_tokens, usage.completion_tokens
+
+
+def _messages(template: Any, query: str, texts: list[str]) -> Any:
+    return render_prompt(resolve_template(template), query, texts, labels(len(texts))).text()
+
+
+def one_list(rr: CapCalReranker, query: str, passages: list[str]) -> dict[str, Any]:
+    def salted() -> list[str]:
+        salt = f" ({random.randrange(10 ** 12)})"
+        return [p + salt for p in passages]
+
+    opts = rr.options
+    row: dict[str, Any] = {"query": query, "passages": len(passages)}
+    # the generating peer, and the server's per-token time from it (one token against up to 100)
+    gen_s, gen_prompt, gen_tokens = _chat(rr, _messages(RANK_GPT, query, salted()), 100)
+    one_s, _, _ = _chat(rr, _messages(RANK_GPT, query, salted()), 1)
+    per_token = max(0.0, (gen_s - one_s) / max(1, gen_tokens - 1))
+    row.update(generating_s=round(gen_s, 2), generating_tokens=gen_tokens, per_token_s=round(per_token, 4))
+    # the floor's prefills: the library's real stream and its empty stream, each cold
+    real_s, real_tokens, _ = _chat(rr, _messages(opts.template, query, salted()), 1)
+    empty_s, empty_tokens, _ = _chat(rr, _messages(opts.template, query, [DEFAULT_PLACEHOLDER] * len(passages)), 1)
+    row.update(prefill_real_s=round(real_s, 2), real_tokens=real_tokens, prefill_empty_s=round(empty_s, 2),
+               empty_tokens=empty_tokens)
+    for method in ("vanilla", "capcal"):
+        started = time.perf_counter()
+        ranking = rr.with_options(method=method).rerank(query, salted())
+        took = time.perf_counter() - started
+        answer = " > ".join(f"[{i + 1}]" for i in ranking.order)
+        tokens = len(run_sync(tokenize(rr.capabilities(), [answer]), rr.client)[0][0])
+        floor = real_s + tokens * per_token if method == "vanilla" else real_s + empty_s + 2 * tokens * per_token
+        streams = real_tokens if method == "vanilla" else real_tokens + empty_tokens
+        u = ranking.usage
+        row[method] = {"s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
+                       "over_generating": round(took / gen_s, 2), "requests": u.requests,
+                       "uncached_over_streams": round((u.prompt_tokens - u.cached_tokens) / max(1, streams), 2)}
+    window = min(len(passages), opts.window)
+    started = time.perf_counter()
+    _, u = run_sync(check_readings(rr._state.for_ranking(), opts.replace(alpha=1.0), query, salted()[:window],
+                                   RULES["query"]), rr.client)
+    took = time.perf_counter() - started
+    floor = 12 * real_s * window / len(passages) + empty_s
+    streams = 12 * real_tokens * window // len(passages) + empty_tokens
+    row["deciding"] = {"s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
+                       "over_generating": round(took / gen_s, 2), "requests": u.requests,
+                       "uncached_over_streams": round((u.prompt_tokens - u.cached_tokens) / max(1, streams), 2)}
+    return row
+
+
+def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), **info, "rows": rows}, indent=1) + "\n")
+    med = {m: {k: statistics.median(r[m][k] for r in rows) for k in rows[0][m]} for m in ("vanilla", "capcal", "deciding")}
+    lines = ["# At the floor of the server (issue 35)", "",
+             f"`python benchmarks/floor.py --data {args.data} --lists {args.lists} --passages {args.passages}` on "
+             f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
+             "each cold (a fresh salt in every passage), methods interleaved per list. Floor: each distinct stream "
+             "prefilled once plus the decoded answer's tokens at the generating request's per-token time (module "
+             "docstring). Medians:", "",
+             "| method | seconds | floor s | time / floor | time / generating | requests | uncached prompt tokens / "
+             "stream tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for m in ("vanilla", "capcal", "deciding"):
+        d = med[m]
+        lines.append(f"| {m if m != 'deciding' else 'one deciding query'} | {d['s']:.1f} | {d['floor_s']:.1f} | "
+                     f"{d['over_floor']:.2f} | {d['over_generating']:.2f} | {d['requests']:.0f} | "
+                     f"{d['uncached_over_streams']:.2f} |")
+    g = statistics.median(r["generating_s"] for r in rows)
+    lines += ["", f"One generating request (RankGPT's prompt, at most 100 tokens): median {g:.1f} s.", "",
+              "Per list:", "", "| list | generating s | vanilla s (x floor) | capcal s (x floor) | deciding s (x floor) |",
+              "|---|---:|---:|---:|---:|"]
+    for k, r in enumerate(rows):
+        lines.append(f"| {k} | {r['generating_s']:.1f} | {r['vanilla']['s']:.1f} ({r['vanilla']['over_floor']:.2f}) | "
+                     f"{r['capcal']['s']:.1f} ({r['capcal']['over_floor']:.2f}) | {r['deciding']['s']:.1f} "
+                     f"({r['deciding']['over_floor']:.2f}) |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, help="a dataset folder, e.g. ../shared/data/trec-dl19-passage")
+    ap.add_argument("--lists", type=int, default=3)
+    ap.add_argument("--passages", type=int, default=20)
+    ap.add_argument("--base-url", default=None, help="a running server; default: start the embedded one")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--model", default="0.5b", help="the embedded model (without --base-url)")
+    ap.add_argument("--out", default=str(HERE / "results" / "floor"))
+    args = ap.parse_args()
+    from capcal_integrations.server.launcher import endpoint
+
+    lists = bench_lists(args.data)[:args.lists]
+    commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    with endpoint(args.base_url, args.model) as ep:
+        rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key or args.api_key, model=ep.model, timeout=3600,
+                            guard=None)
+        caps = rr.capabilities()
+        info = {"server": caps.server or caps.kind.name, "model": caps.model, "slots": caps.slots, "commit": commit}
+        rows = []
+        for k, b in enumerate(lists):
+            rows.append(one_list(rr, b.query, list(b.passages)[:args.passages]))
+            print(f"list {k + 1}/{len(lists)}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+            _write(pathlib.Path(args.out), args, rows, info)
+    print(pathlib.Path(args.out).with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
