@@ -11,7 +11,7 @@ are kept (:func:`kept`): a served name alone is not the same model after a resta
   file beside it and renamed over it (``os.replace``): a reader sees the old decision or the new one, never half.
 * Writers take an exclusive ``fcntl`` lock on ``.lock`` in the folder (readers need none: the rename is atomic);
   the folder is made 0700.
-* A file is read as data: every field checked against its type (:meth:`~.content_check.ContentDecision.from_json`)
+* A file is read as data: every field checked against its type (:meth:`~.content_decision.ContentDecision.from_json`)
   and its key against the one asked for. A file that does not pass is ignored, with one WARNING per file, and the
   check decides afresh (and saves over it).
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import saved_readings
-from .content_check import ContentDecision, Key
+from .content_decision import ContentDecision, Key
 from .contrast import Reading
 from .errors import InputError
 

@@ -39,7 +39,7 @@ def test_a_plain_import_loads_the_core_alone():
             "prompts", "protocol", "query_contrast",
             "files", "redaction", "reranker", "routing", "rules", "slots", "strategies", "strength", "textlabels", "transfer",
             "tuning", "types",
-            "untrusted", "attempts", "saved_decisions", "saved_readings", "typed_json", "progress",
+            "untrusted", "attempts", "saved_decisions", "saved_readings", "content_decision", "typed_json", "progress",
             "judged"} | {f"endpoints{m}" for m in ("", ".base", ".lists", ".llamacpp", ".vllm", ".sglang", ".ollama", ".chat",
                                                           ".hosted_chat", ".hosted_completions", ".controls")}
     assert set(ours) == {"capcal_integrations" + (f".{m}" if m else "") for m in core}, ours

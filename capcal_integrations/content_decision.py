@@ -1,0 +1,132 @@
+"""A content decision and what it is about: the decision's key (the served model, a fingerprint of its weights and
+every option that changes the readings) and :class:`ContentDecision`, the record a check, judged queries or a
+saved file produce (:mod:`.content_check` takes them; :mod:`.saved_decisions` keeps them). Pure: no I/O but
+reading a decision's JSON text or a file holding it (:func:`load_decision`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .contrast import LEVEL
+from .errors import InputError
+from .files import option_text
+from .rules import RULES
+from .typed_json import fields_of
+
+__all__ = ["KEY_OPTIONS", "Key", "decision_key", "ContentDecision", "load_decision"]
+
+#: The options that change the readings, and so a decision: each is part of its key.
+KEY_OPTIONS = ("template", "placeholder", "prompt", "labels", "calibration", "probability", "decoding", "normalise",
+               "window", "max_passage_words", "top_logprobs")
+
+Key = tuple[tuple[str, str], ...]
+
+
+def _name(template: Any) -> str:
+    """A template by name; a custom one with a digest of its text."""
+    if isinstance(template, str):
+        return template
+    text = repr(tuple(getattr(template, f, "") for f in ("system", "head", "passage", "tail")))
+    return f"{getattr(template, 'name', 'custom')}:{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def decision_key(model: str, weights: str, opts: Any) -> Key:
+    """What a decision is about: the served model (its name and a fingerprint of its weights, as the server
+    reports them) and every option that changes the readings (:data:`KEY_OPTIONS`).
+
+    >>> from capcal_integrations.options import Options
+    >>> key = dict(decision_key("m", "sha:1", Options(template="rank_zephyr")))
+    >>> key["model"], key["weights"], key["template"].split(":")[0], key["window"]
+    ('m', 'sha:1', 'rank_zephyr', '20')
+    """
+    values = {k: _name(opts.template) if k == "template" else str(getattr(opts, k)) for k in KEY_OPTIONS}
+    # the content rule's keys stay as they were before there were rules (its saved decisions still apply)
+    rule = (("rule", RULES[opts.guard].key),) if opts.guard is not None and RULES[opts.guard].key else ()
+    return (("model", str(model)), ("weights", str(weights)), *values.items(), *rule)
+
+
+@dataclass(frozen=True)
+class ContentDecision:
+    """The content check's decision for one key. Inspect it, print it (one line), save it (:meth:`to_json`)
+    and hand it to another process (the ``decision`` option: the JSON or a file holding it), which then
+    ranks without deciding again. ``verdict``: ``"reads"``, ``"does not read"`` or ``"undecided"`` (no
+    decision within the cap: treated as not reading); ``e_value``: the evidence against "no content"
+    (``p_value`` = its anytime-valid p-value, ``1 / e``); ``score``: the queries' mean agreement."""
+
+    reads: bool
+    verdict: str
+    p_value: float
+    e_value: float
+    score: float
+    lists: int  # queries pooled
+    alpha: float  # chosen for calibrated decoding (alpha="auto")
+    alpha_first_token: float  # chosen for first-token-capcal
+    curve: tuple[tuple[float, float], ...]  # (alpha, mean tau between the readings' implied rankings)
+    key: Key
+    level: float = LEVEL
+    aligned: float = 1.0  # the queries' mean alignment with the first stage's order (contrast.alignment)
+    e_aligned: float = 1.0  # the evidence that it goes the first stage's way ("reads" needs contrast.ALIGN_E)
+    judged: int = 0  # decided from this many judged queries (CapCalReranker.decide; :mod:`.judged`), 0: label-free
+    gain: float = 0.0  # judged: the mean nDCG@10 gain of calibrating over the given order
+    gain_low: float = 0.0  # judged: the lower end of its two-sided 95 % interval (> 0: calibrate)
+    gain_high: float = 0.0  # judged: its upper end
+    uncalibrated_gain: float = 0.0  # judged: the uncalibrated method's mean nDCG@10 gain over the given order
+    saved: bool = field(default=False, compare=False)  # loaded from a saved decision
+
+    def __str__(self) -> str:
+        about = ", ".join(f"{k} {v!r}" for k, v in self.key if k in ("model", "weights", "template", "prompt"))
+        if self.judged:
+            return (f"decision from {self.judged} judged queries{' (saved)' if self.saved else ''} for {about}: "
+                    f"{self.labels_note()}")
+        evidence = (f"e = {self.e_value:.3g}, p <= {self.p_value:.3g}, mean agreement {self.score:.2f}, "
+                    f"alignment {self.aligned:+.2f} (e = {self.e_aligned:.3g})")
+        if self.reads:
+            verdict = (f"the model reads the passages ({evidence}); alpha {self.alpha:g} (first-token "
+                       f"{self.alpha_first_token:g}) chosen label-free")
+        elif self.verdict == "undecided":  # stopped at the cap: neither side reached its threshold
+            verdict = (f"undecided at the cap ({evidence}), so treated as not reading: lists keep their given order; "
+                       "a larger check_lists reads on")
+        else:
+            verdict = f"no content signal that follows the first stage ({evidence}): lists keep their given order"
+        return f"content check on {self.lists} queries{' (saved)' if self.saved else ''} for {about}: {verdict}"
+
+    def labels_note(self) -> str:
+        """What a decision from judged queries found, in one clause."""
+        verdict = (f"calibrated at alpha {self.alpha:g}" if self.reads else
+                   "kept in its given order (calibrating did not beat it; guard=None calibrates anyway)")
+        return (f"calibrating gains {self.gain:+.3f} nDCG@10 over the given order (95 % interval {self.gain_low:+.3f} "
+                f"to {self.gain_high:+.3f}; uncalibrated {self.uncalibrated_gain:+.3f}): {verdict}")
+
+    def to_json(self) -> str:
+        values = asdict(self)
+        values.pop("saved")
+        values["key"], values["curve"] = dict(self.key), [list(x) for x in self.curve]
+        return json.dumps({"capcal_content_decision": 2, **values})
+
+    @classmethod
+    def from_json(cls, text: str) -> ContentDecision:
+        """A decision from its JSON, every field checked against its type (:mod:`.typed_json`): data from disk."""
+        what = "cannot read the saved content decision"
+        try:
+            values = json.loads(text)
+        except ValueError as err:
+            raise InputError(f"{what}: not JSON ({err}); pass the JSON of ContentDecision.to_json() or a file "
+                             "holding it") from None
+        if not isinstance(values, dict):
+            raise InputError(f"{what}: expected a JSON object, got {type(values).__name__}")
+        version = values.pop("capcal_content_decision", None)
+        if version != 2:
+            raise InputError(f"{what}: not a capcal content decision of this version ('capcal_content_decision': 2"
+                             f"{'; version 1 decisions came from the older check: decide again' if version == 1 else ''})"
+                             "; pass the JSON of ContentDecision.to_json() or a file holding it")
+        if isinstance(values.get("key"), dict):
+            values["key"] = list(values["key"].items())
+        return cls(**fields_of(cls, values, what, skip=("saved",)), saved=True)
+
+
+def load_decision(raw: str) -> ContentDecision:
+    """A saved decision from its JSON text or from a file holding it (read afresh at every call)."""
+    return ContentDecision.from_json(option_text(raw, "the saved content decision"))
