@@ -1,7 +1,7 @@
 """``CapCalRerank``: a LangChain document compressor that reranks with CapCal.
 
     from langchain_ext import CapCalRerank
-    compressor = CapCalRerank(top_n=5, base_url="http://127.0.0.1:8080/v1")   # or reranker=CapCalReranker(...)
+    compressor = CapCalRerank(top_n=5)   # CAPCAL_BASE_URL + CAPCAL_API_KEY (capcal key); or base_url=, api_key=, reranker=
     compressor = CapCalRerank.from_llm(ChatOpenAI(base_url=..., model=...), top_n=5)   # the chat model you have
     retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=bm25)
 

@@ -1,7 +1,7 @@
 """``CapCalRerank``: a LlamaIndex node postprocessor that reranks with CapCal.
 
     from llamaindex_ext import CapCalRerank
-    rerank = CapCalRerank(top_n=5, base_url="http://127.0.0.1:8080/v1")   # or reranker=CapCalReranker(...)
+    rerank = CapCalRerank(top_n=5)   # CAPCAL_BASE_URL + CAPCAL_API_KEY (capcal key); or base_url=, api_key=, reranker=
     rerank = CapCalRerank.from_llm(Settings.llm, top_n=5)                 # or the OpenAI / OpenAILike LLM you have
     engine = index.as_query_engine(similarity_top_k=20, node_postprocessors=[rerank])
 
