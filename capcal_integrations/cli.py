@@ -17,21 +17,19 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from .calibration import FORMS
+from .command_flags import add_endpoint_options, add_input_options, alphas, options_from_args
 from .decide_command import add_parser as add_decide_parser
 from .decide_command import run as run_decide
 from .demo_command import run as run_demo
 from .errors import KEY_HINT, CapCalError, EndpointError, InputError, SetupError
-from .options import OPTION_FIELDS, OPTION_NAMES, Options
-from .prompts import PromptTemplate
 from .redaction import RedactingFilter, redact
 from .rerank_command import read_requests
 from .rerank_command import run as run_rerank
 from .reranker import CapCalReranker
 from .server.command import add_serve_parser, serve_command
-from .server.net import ENGINES
 
 if TYPE_CHECKING:
     from .server import Endpoint
@@ -61,67 +59,7 @@ def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[End
     return endpoint(args.base_url, args.model, engine=args.engine, hosted=getattr(args, "hosted", False))
 
 
-def add_option_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = OPTION_NAMES) -> None:
-    """One ``--flag`` per option (default: the library's), parsed and checked by :meth:`Options.parse`."""
-    group = parser.add_argument_group("ranking options")
-    for name in only:
-        f = OPTION_FIELDS[name]
-
-        def convert(raw: str, name: str = name) -> Any:
-            try:
-                return Options.parse(name, raw)
-            except InputError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-
-        default = f.default.name if isinstance(f.default, PromptTemplate) else f.default
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=convert, default=_UNSET,
-                           choices=f.metadata["choices"] or None, help=f"{f.metadata['doc']} (default: {default})")
-
-
-_UNSET = object()  # not given on the command line (``--guard none`` gives None)
-
-
-def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The options given on the command line (those left unset keep the library's defaults)."""
-    return {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name, _UNSET) is not _UNSET}
-
-
-def _add_method_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 (default: "
-                                      "$CAPCAL_BASE_URL, else the server your `capcal serve` runs on 127.0.0.1:8080, "
-                                      "else the embedded one)")
-    p.add_argument("--api-key", default=None,
-                   help="key for the --base-url endpoint (default: $CAPCAL_API_KEY if it is $CAPCAL_BASE_URL, "
-                        "$OPENAI_API_KEY if it is $OPENAI_BASE_URL: a key goes only with its own URL); a local "
-                        "server found or started without --base-url is always sent its own key")
-    p.add_argument("--model", default=None,
-                   help="the model: with --base-url, the name to ask the endpoint for (default: the first it lists); "
-                        "without, the embedded model to use (0.5b, the default; 1.5b, smollm2): a running capcal serve "
-                        "is reused only if it serves this model (the same meaning as in capcal eval)")
-    p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
-                   help="engine of the embedded server started when no endpoint is given (default llamacpp)")
-    p.add_argument("--model-name", default=None, help=argparse.SUPPRESS)  # before --model meant both: kept working
-    add_option_flags(p)
-
-
-def _add_input_options(p: argparse.ArgumentParser) -> None:
-    """The lists to work on, read by :func:`_read_requests`."""
-    p.add_argument("--query", help="the query (with --passages)")
-    p.add_argument("--passages", help="file with one passage per line (or JSONL objects with 'text')")
-    p.add_argument("--input", help="JSONL with {'query': ..., 'passages': [...]} per line ('-' for stdin)")
-
-
 # --------------------------------------------------------------------------- rerank
-
-
-def _alphas(text: str) -> tuple[float, ...]:
-    try:
-        alphas = tuple(float(a) for a in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if any(a < 0 for a in alphas):
-        raise argparse.ArgumentTypeError(f"strengths must be >= 0, got {text!r}")
-    return alphas
 
 
 @contextlib.contextmanager
@@ -226,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "--url))")
 
     p = sub.add_parser("rerank", help="rerank passages from a file or JSONL; JSONL out")
-    _add_input_options(p)
+    add_input_options(p)
     p.add_argument("--output", help="write JSONL here instead of stdout")
     p.add_argument("--top-n", type=_at_least_one, default=None,
                    help="write the best N passages; only that many places are decoded (the --depth option; default: all)")
@@ -234,23 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch on Ray: this many workers (default: one per --base-url; several comma-separated "
                         "--base-url also start a batch), each bound to one endpoint; --output is appended to and a "
                         "stopped run resumes where it stopped (needs the ray extra; behind a router: --routed true)")
-    _add_method_options(p)
+    add_endpoint_options(p)
 
     p = sub.add_parser("tune", help="choose alpha without labels: the most shuffle-consistent strength (JSON out)")
-    _add_input_options(p)
+    add_input_options(p)
     p.add_argument("--shuffles", type=int, default=4, help="random orders per list (default 4)")
-    p.add_argument("--alphas", default=None, type=_alphas, help="comma-separated strengths to try (default 0,0.25,...,2)")
+    p.add_argument("--alphas", default=None, type=alphas, help="comma-separated strengths to try (default 0,0.25,...,2)")
     p.add_argument("--form", default=None, choices=FORMS, help="calibration form (default additive)")
-    _add_method_options(p)
+    add_endpoint_options(p)
 
     p = sub.add_parser("demo", help="one real query: what the default does, then vanilla vs CapCal forced, with the "
                                     "empty-prompt prior")
     p.add_argument("--hosted", action="store_true",
                    help="show the embedded model as a hosted chat-only API (no assistant prefill, top_logprobs <= 20, "
                         "no tokenizer routes): method auto then runs first-token-capcal")
-    _add_method_options(p)
+    add_endpoint_options(p)
 
-    add_decide_parser(sub, _add_method_options)
+    add_decide_parser(sub, add_endpoint_options)
 
     for command in sub.choices.values():  # -v after the command too (its default does not hide one given before)
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
