@@ -1,4 +1,4 @@
-"""The ``capcal`` command: ``serve``, ``key``, ``rerank``, ``tune``, ``demo``, ``eval`` and ``testbed``.
+"""The ``capcal`` command: ``serve``, ``key``, ``rerank``, ``tune``, ``demo``, ``decide``, ``status``, ``eval`` and ``testbed``.
 
 With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank``, ``tune`` and ``demo`` reuse the server
 your ``capcal serve`` runs on 127.0.0.1:8080 (once it has proved it is that one: see

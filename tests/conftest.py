@@ -96,6 +96,20 @@ def test_model() -> str:
     return os.environ.get("CAPCAL_TEST_MODEL_ALIAS", "local")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_decisions_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where a content check's background reading that ends after its test (and after that test's own folder was
+    unset again) keeps what it read: a folder of the session's, never the user's ~/.cache/capcal (readings of the
+    test doubles' models were found there after a run)."""
+    before = os.environ.get("CAPCAL_DECISIONS_DIR")
+    os.environ["CAPCAL_DECISIONS_DIR"] = str(tmp_path_factory.mktemp("session-decisions"))
+    yield
+    if before is None:
+        os.environ.pop("CAPCAL_DECISIONS_DIR", None)
+    else:
+        os.environ["CAPCAL_DECISIONS_DIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the developer's endpoint settings out of every test, and each test's saved content decisions

@@ -548,3 +548,4 @@ def test_defect_a_repeated_query_is_read_once_whatever_its_passages():
                             ("what do  FLEAS eat", [f"q{i}" for i in range(8)])):
         assert not check.want(query, passages)
     assert check.want("What do ticks eat?", [f"p{i}" for i in range(6)])
+
