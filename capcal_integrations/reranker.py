@@ -28,7 +28,7 @@ from .probe import capabilities
 from .progress import Watched
 from .protocol import EndpointState
 from .routing import for_list
-from .saved_decisions import STORE
+from .saved_decisions import Store
 from .strategies import rerank_flow
 from .types import Capabilities, Ranking, Usage
 
@@ -67,7 +67,8 @@ class CapCalReranker:
                                 async_http_client=async_http_client, client=client, async_client=async_client)
         self._state = EndpointState(model or os.environ.get("CAPCAL_MODEL"))
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        object.__setattr__(self._state, "decisions", STORE)  # decisions kept across processes (.saved_decisions)
+        # decisions kept across processes (.saved_decisions), in the folder of the environment when it was made
+        object.__setattr__(self._state, "decisions", Store.here())
         # the content check's readings run on one thread of this endpoint's (shared by with_options copies), over
         # the sync client, or where a transport was given for async alone, over it on the thread's own event loop
         self._readings = _Readings()

@@ -4,8 +4,9 @@ A decision is about one key (:func:`~.content_check.decision_key`: the model's n
 the reading options and the rule), so a restart on the same model and options ranks with it at once, with no
 deciding prompt, and never with another model's. Where: ``$CAPCAL_DECISIONS_DIR``, else ``decisions/`` in the
 cache folder of ``capcal serve`` (``$CAPCAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/capcal``, else
-``~/.cache/capcal``); ``CAPCAL_DECISIONS_DIR=off`` keeps nothing. Only decisions about weights the server reports
-are kept (:func:`kept`): a served name alone is not the same model after a restart.
+``~/.cache/capcal``), as the environment says when a reranker is made; ``CAPCAL_DECISIONS_DIR=off`` keeps
+nothing. Only decisions about weights the server reports are kept (:func:`kept`): a served name alone is not the
+same model after a restart.
 
 * Each file is ``<id>.json`` (``id``: the first 16 hex digits of the key's SHA-256), written whole to a temporary
   file beside it and renamed over it (``os.replace``): a reader sees the old decision or the new one, never half.
@@ -102,11 +103,22 @@ class Store:
     it). ``load`` and ``save`` never raise for a file or folder they cannot use: a WARNING, and the check goes on
     without the store."""
 
-    def __init__(self, where: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, where: str | os.PathLike[str] | None = None, *, off: bool = False) -> None:
         self._where = None if where is None else pathlib.Path(where)
+        self._off = off
+
+    @classmethod
+    def here(cls) -> Store:
+        """The store of :func:`folder` as it is now, kept: a reranker's, so that what its checks read and decide
+        stays where it was when the reranker was made, whatever the environment says later (``off`` with
+        ``CAPCAL_DECISIONS_DIR=off``)."""
+        where = folder()
+        return cls(where) if where is not None else cls(off=True)
 
     @property
     def folder(self) -> pathlib.Path | None:
+        if self._off:
+            return None
         return self._where if self._where is not None else folder()
 
     def load(self, key: Key) -> ContentDecision | None:
@@ -274,7 +286,7 @@ def _warn_once(path: pathlib.Path, problem: str, then: str = "the check decides 
                 "it)", path, problem, then)
 
 
-#: The store the rerankers use: the folder of :func:`folder`, looked up at every call.
+#: The store of :func:`folder`, looked up at every call (the commands'; a reranker keeps :meth:`Store.here`).
 STORE = Store()
 
 
