@@ -160,9 +160,7 @@ class ContentCheck:
         with self._lock:
             if self.decision is not None:
                 return self.decision
-            self.readings.append(reading)
-            self.read.append(ident)
-            verdict = self.evidence.add(*facts)
+            verdict = self._pool(reading, ident, facts)
             readings, read = list(self.readings), list(self.read)
         if verdict is None:
             if self.store is not None:  # the next process goes on from here (.saved_readings)
@@ -170,28 +168,31 @@ class ContentCheck:
             return None
         return self.settle(self._decide(verdict, readings, form), f"rule {self.rule.name!r}", first=True)
 
+    def _pool(self, reading: Reading, ident: str, facts: Any) -> str | None:
+        """One query's reading pooled (under ``_lock``): the rule's verdict, or ``None`` while deciding."""
+        self.readings.append(reading)
+        self.read.append(ident)
+        return self.evidence.add(*facts)
+
     def _resume(self) -> None:
         """Go on from the readings another process kept for this key (the store's), as if read here in turn."""
         form = dict(self.key).get("calibration", "additive")  # the readings' form is part of the key
         progress = self.store.load_readings(self.key)
         if progress is None:
             return
+        try:  # every kept reading checked before any is pooled
+            facts = [self.rule.summary(reading) for reading in progress.readings]
+        except ValueError as err:  # a reading of another shape than this rule's (a file edited by hand)
+            log.warning("capcal: a kept reading does not fit the %r rule (%s); the check reads afresh", self.rule.name,
+                        err)
+            return
         verdict = None
         with self._lock:
-            for ident, reading in zip(progress.read, progress.readings):
+            for ident, reading, fact in zip(progress.read, progress.readings, facts):
                 if verdict is not None or ident in self.read:
                     continue
-                try:
-                    facts = self.rule.summary(reading)
-                except ValueError as err:  # a reading of another shape than this rule's (a file edited by hand)
-                    log.warning("capcal: a kept reading does not fit the %r rule (%s); the check reads afresh",
-                                self.rule.name, err)
-                    self.readings, self.read, self.evidence = [], [], self.rule.evidence(self.cap)
-                    return
                 self.attempts.read(ident)
-                self.readings.append(reading)
-                self.read.append(ident)
-                verdict = self.evidence.add(*facts)
+                verdict = self._pool(reading, ident, fact)
             readings = list(self.readings)
         log.info("capcal: the content check goes on from %d queries read before (%s)", len(readings), progress.path)
         if verdict is not None:
