@@ -20,7 +20,7 @@ metadata are never touched), with two metadata entries:
   ``relevance_score``, else its numeric ``"score"``), and absent where the input has none, so a threshold on it
   keeps what the retriever's scores would;
 * ``"capcal"`` (:data:`DETAILS_KEY`; ``"capcal_rerank"`` where the document's own metadata already has a
-  ``"capcal"``, which is kept: :func:`~capcal_integrations.adapter.metadata_key`): how the document was
+  ``"capcal"``, which is kept: :func:`~capcal_integrations.integrations.adapter.metadata_key`): how the document was
   placed: ``rank`` and ``input_rank`` (1-based), ``method``, and from the last decoding step it took part in
   the real-prompt probability ``p``, the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``;
   ``upper_bounds`` counts label probabilities of the whole ranking that were upper bounds (endpoint top-k too
@@ -31,7 +31,7 @@ Each call is traced as a chain run named ``"CapCalRerank"`` under the callbacks 
 retriever's child run in a ``ContextualCompressionRetriever``). Inside it, the reranking's LLM requests show
 as one chat-model run named ``"capcal"`` whose end carries their cost where LangChain's usage tools look:
 ``usage_metadata`` (input, output and cache-read tokens) on its message, and ``llm_output`` with
-``token_usage``, ``model_name`` and ``"capcal"`` (:func:`~capcal_integrations.adapter.rerank_summary`:
+``token_usage``, ``model_name`` and ``"capcal"`` (:func:`~capcal_integrations.integrations.adapter.rerank_summary`:
 method, requests, seconds, decoded places, partial, notes). :meth:`CapCalRerank.as_runnable` is the
 same reranking as a ``Runnable`` step for LCEL chains. The whole
 :class:`~capcal_integrations.Ranking` of the latest call is :attr:`CapCalRerank.last_ranking`.
@@ -54,7 +54,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
+from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]
 
@@ -67,7 +67,7 @@ DETAILS_KEY = METADATA_KEY
 class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
     """Rerank retrieved documents with an LLM listwise reranker calibrated against position bias.
 
-    Options and construction: :class:`~capcal_integrations.adapter.RerankerSettings`.
+    Options and construction: :class:`~capcal_integrations.integrations.adapter.RerankerSettings`.
     """
 
 

@@ -15,7 +15,7 @@ read) keeps the retriever's scores unchanged (``None`` where it gave none), so a
 (``SimilarityPostprocessor``) keeps what it would have kept without the reranker. Each carries a deep copy of
 its node (the caller's nodes are never touched) with one metadata entry of the library's, hidden from the LLM and embedding text:
 ``"capcal"`` (:data:`DETAILS_KEY`; ``"capcal_rerank"`` where the node's own metadata already has a ``"capcal"``,
-which is kept: :func:`~capcal_integrations.adapter.metadata_key`), how the node was placed: ``rank`` and
+which is kept: :func:`~capcal_integrations.integrations.adapter.metadata_key`), how the node was placed: ``rank`` and
 ``input_rank`` (1-based), ``retrieval_score`` (:data:`RETRIEVAL_SCORE_KEY`: the score the node came in with,
 ``None`` if none), ``method``, and from the last decoding step it took part in the real-prompt probability
 ``p``, the empty-prompt prior ``q``, the calibrated ``score`` and ``alpha``; ``upper_bounds`` counts label
@@ -26,7 +26,7 @@ cut the ranking). A node's own ``retrieval_score`` or ``capcal`` metadata is nev
 The whole :class:`~capcal_integrations.Ranking` of the latest call (prior, every step, usage) is
 :attr:`CapCalRerank.last_ranking`. Events: ``ReRankStartEvent`` / ``ReRankEndEvent`` through the
 instrumentation dispatcher and a ``CBEventType.RERANKING`` callback event, as LlamaIndex's rerankers do.
-What the reranking cost rides on the end of both (:func:`~capcal_integrations.adapter.rerank_summary`: method,
+What the reranking cost rides on the end of both (:func:`~capcal_integrations.integrations.adapter.rerank_summary`: method,
 model, usage in requests and prompt/completion/cached tokens, seconds, decoded places, partial, notes): the
 ``ReRankEndEvent``'s ``tags["capcal"]`` and the callback end payload's ``"capcal"`` entry.
 """
@@ -50,7 +50,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
+from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
@@ -65,7 +65,7 @@ dispatcher = get_dispatcher(__name__)
 class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
     """Rerank retrieved nodes with an LLM listwise reranker calibrated against position bias.
 
-    Options and construction: :class:`~capcal_integrations.adapter.RerankerSettings`.
+    Options and construction: :class:`~capcal_integrations.integrations.adapter.RerankerSettings`.
     """
 
     metadata_mode: MetadataMode = Field(MetadataMode.EMBED, description="Which metadata the passage text includes.")

@@ -160,9 +160,9 @@ def test_the_signature_ides_read_lists_every_field_of_the_settings():
     """adapter.py's ``TYPE_CHECKING`` ``__init__`` (what static tools show) names exactly the model's fields."""
     import ast
 
-    from capcal_integrations.adapter import RerankerSettings
+    from capcal_integrations.integrations.adapter import RerankerSettings
 
-    tree = ast.parse((ROOT / "capcal_integrations" / "adapter.py").read_text())
+    tree = ast.parse((ROOT / "capcal_integrations" / "integrations" / "adapter.py").read_text())
     [settings] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RerankerSettings"]
     [stub] = [f for n in settings.body if isinstance(n, ast.If) for f in n.body if isinstance(f, ast.FunctionDef)]
     named = [a.arg for a in stub.args.kwonlyargs]

@@ -1,4 +1,4 @@
-"""Batch reranking on Ray (capcal_integrations/batch.py): resuming, a run killed midway, and a local
+"""Batch reranking on Ray (capcal_integrations/commands/batch.py): resuming, a run killed midway, and a local
 Ray cluster with two real servers (a Ray Dataset in).
 
 The killed run is a real ``capcal rerank --input ... --output ... --base-url A,B`` process on a local
@@ -22,7 +22,7 @@ import httpx2
 import pytest
 
 from capcal_integrations import CapCalReranker, InputError
-from capcal_integrations.batch import decision_path, finished, read_rows, rerank_batch
+from capcal_integrations.commands.batch import decision_path, finished, read_rows, rerank_batch
 from capcal_integrations.content_check import ContentDecision
 from tests.fake_endpoint import clients, make_handler
 
@@ -46,14 +46,14 @@ def lines(path: Path) -> list[dict]:
 
 def test_a_plain_import_loads_neither_ray_nor_the_batch_module():
     code = ("import capcal_integrations, sys; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray' or m == 'capcal_integrations.batch'))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray' or m == 'capcal_integrations.commands.batch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
 
 
 def _output_of(rows: list[dict], path: Path) -> Path:
     """An output that holds ``rows`` ranked (each in input order), as a run writes it."""
-    from capcal_integrations.batchfile import identities, record
+    from capcal_integrations.commands.batchfile import identities, record
     from capcal_integrations.types import Ranking
 
     lines_ = []
@@ -66,7 +66,7 @@ def _output_of(rows: list[dict], path: Path) -> Path:
 
 
 def test_finished_cuts_a_torn_last_line_and_reads_the_rest(tmp_path):
-    from capcal_integrations.batchfile import list_hash
+    from capcal_integrations.commands.batchfile import list_hash
 
     out = tmp_path / "out.jsonl"
     h0, h1 = list_hash(LISTS[0]), list_hash(LISTS[1])
@@ -98,7 +98,7 @@ def test_a_finished_output_is_left_alone(tmp_path):
 
 
 def test_resume_is_keyed_by_list_identity_not_by_line_number(tmp_path):
-    from capcal_integrations.batchfile import pending, read_rows
+    from capcal_integrations.commands.batchfile import pending, read_rows
 
     out = _output_of(LISTS[:5], tmp_path / "out.jsonl")
     inserted = [{"query": "a new first list", "passages": ["p", "q"]}, *LISTS]  # every line number moves by one
@@ -181,7 +181,7 @@ class _Ray:
 
 
 def test_the_api_key_is_no_actor_argument_and_reaches_the_endpoint(tmp_path, monkeypatch):
-    from capcal_integrations import batch
+    from capcal_integrations.commands import batch
 
     server = FakeServer(delay=0.0)
     ray = _Ray()
@@ -198,7 +198,7 @@ def test_the_api_key_is_no_actor_argument_and_reaches_the_endpoint(tmp_path, mon
 
 
 def test_the_cli_batch_needs_input_and_output_files(tmp_path, capsys):
-    from capcal_integrations.cli import main
+    from capcal_integrations.commands.cli import main
 
     assert main(["rerank", "--input", str(write_input(tmp_path / "in.jsonl")), "--base-url", "http://a/v1,http://b/v1"]) == 1
     assert "needs --input FILE, --output FILE" in capsys.readouterr().err
@@ -247,7 +247,7 @@ class _Serve(BaseHTTPRequestHandler):
 
 
 def _batch_command(tmp_path: Path, urls: list[str]) -> list[str]:
-    return [sys.executable, "-m", "capcal_integrations.cli", "rerank", "--input", str(tmp_path / "in.jsonl"),
+    return [sys.executable, "-m", "capcal_integrations.commands.cli", "rerank", "--input", str(tmp_path / "in.jsonl"),
             "--output", str(tmp_path / "out.jsonl"), "--base-url", ",".join(urls), "--api-key", "none",
             "--method", "first-token-capcal", "--guard", "none"]
 

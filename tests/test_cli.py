@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from capcal_integrations.cli import build_parser, main
+from capcal_integrations.commands.cli import build_parser, main
 
 
 def capcal(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "capcal_integrations.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "capcal_integrations.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -131,7 +131,7 @@ def test_tune_rejects_a_one_passage_list_before_any_request(tmp_path):
 
 def test_serve_with_vllm_missing_says_what_to_install():
     # this Python has no vLLM (the test venv does not install it): one line naming what to install
-    done = subprocess.run([sys.executable, "-m", "capcal_integrations.cli", "serve", "--engine", "vllm", "--port", "9"],
+    done = subprocess.run([sys.executable, "-m", "capcal_integrations.commands.cli", "serve", "--engine", "vllm", "--port", "9"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "CAPCAL_VLLM_PYTHON": sys.executable})
     if importlib.util.find_spec("vllm"):
         pytest.skip("this Python has vLLM installed")

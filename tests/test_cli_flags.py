@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from capcal_integrations.cli import build_parser, main
+from capcal_integrations.commands.cli import build_parser, main
 from tests.fake_endpoint import Loopback
 
 PASSAGES = "Fleas live two to three months.\nBananas are yellow.\nThe Eiffel Tower is in Paris.\n"

@@ -266,7 +266,7 @@ def test_a_corrupt_readings_file_is_ignored_with_one_warning_and_the_check_reads
 
 
 def test_capcal_status_shows_saved_decisions_and_checks_in_progress(capsys):
-    from capcal_integrations.cli import main
+    from capcal_integrations.commands.cli import main
 
     data = lists(16)
     rr = Served(data).reranker(check_wait=True)
@@ -405,7 +405,7 @@ def test_defect_a_check_stopped_at_its_cap_says_undecided(caplog):
 
 
 def test_capcal_decisions_lists_and_forgets(capsys):
-    from capcal_integrations.cli import main
+    from capcal_integrations.commands.cli import main
 
     store = Store()  # the environment's folder (a test's own: tests/conftest.py)
     a, b = a_decision(), a_decision(key=(("model", "n"), ("weights", "sha256:1")), reads=False, verdict="undecided")
@@ -432,7 +432,7 @@ def test_capcal_decisions_lists_and_forgets(capsys):
 def _fake_ray(monkeypatch):
     import sys
 
-    from capcal_integrations import batch
+    from capcal_integrations.commands import batch
     from tests.test_batch import _Ray
 
     ray = _Ray()
@@ -447,7 +447,7 @@ BATCH = {"method": "first-token-capcal", "check_lists": 3}
 def test_defect_a_stale_batch_decision_of_another_model_is_replaced(tmp_path, monkeypatch, caplog):
     """Finding 6: a decision file beside the output about another model was never replaced (the run decided afresh
     in every worker, and the next run did again)."""
-    from capcal_integrations.batch import decision_path, rerank_batch
+    from capcal_integrations.commands.batch import decision_path, rerank_batch
     from tests.test_batch import LISTS, FakeServer
 
     _fake_ray(monkeypatch)
@@ -473,7 +473,7 @@ def _hold(path, ready, stop):
 
 def test_defect_two_batch_runs_on_one_output_the_second_is_refused(tmp_path, monkeypatch):
     """Finding 6: two runs on one output had no lock (both appended, both wrote its decision)."""
-    from capcal_integrations.batch import rerank_batch
+    from capcal_integrations.commands.batch import rerank_batch
     from tests.test_batch import LISTS, FakeServer
 
     _fake_ray(monkeypatch)
@@ -499,7 +499,7 @@ def _write_under_a_quota(output, text):
     import resource
     import signal
 
-    from capcal_integrations.batch import _saved_decision
+    from capcal_integrations.commands.batch import _saved_decision
 
     class Actor:
         class decision:  # noqa: N801 - a Ray method handle
@@ -523,7 +523,7 @@ def _write_under_a_quota(output, text):
 def test_defect_a_batch_decision_file_is_whole_or_untouched_when_a_write_fails(tmp_path):
     """Finding 6: the decision file was written in place (truncated, then written): a write that fails (a disk
     quota here, a kill) left a torn file, which the next run refused."""
-    from capcal_integrations.batch import decision_path
+    from capcal_integrations.commands.batch import decision_path
 
     out = tmp_path / "out.jsonl"
     before = a_decision().to_json()

@@ -134,8 +134,8 @@ def test_decide_refuses_what_it_cannot_decide():
 def test_capcal_decide_reads_a_data_folder(tmp_path, capsys):
     import gzip
 
-    from capcal_integrations import cli
-    from capcal_integrations.decide_command import judged_from
+    from capcal_integrations.commands import cli
+    from capcal_integrations.commands.decide import judged_from
 
     lists = judged(6, seed=4)
     with gzip.open(tmp_path / "candidates.jsonl.gz", "wt") as f:
@@ -149,7 +149,7 @@ def test_capcal_decide_reads_a_data_folder(tmp_path, capsys):
     assert len(judged_from(str(tmp_path), queries=2)) == 2
     args = cli.build_parser().parse_args(["decide", "--data", str(tmp_path), "--json"])
     endpoint = simulated_endpoint(lists, s=2.0, scenario="no-delta", seed=4)
-    from capcal_integrations.decide_command import run
+    from capcal_integrations.commands.decide import run
     assert run(args, endpoint.reranker()) == 0
     out = ContentDecision.from_json(capsys.readouterr().out)
     assert out.judged == 6 and out.reads

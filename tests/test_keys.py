@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from capcal_integrations import CapCalReranker, EndpointError, EndpointUnreachable
-from capcal_integrations.cli import main
+from capcal_integrations.commands.cli import main
 from capcal_integrations.errors import KEY_HINT, NOT_FOUND_HINT
 from capcal_integrations.server import launcher
 from capcal_integrations.server.ownership import new_key, record_server

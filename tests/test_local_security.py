@@ -20,7 +20,7 @@ import urllib.request
 import httpx2
 import pytest
 
-from capcal_integrations.cli import main
+from capcal_integrations.commands.cli import main
 from capcal_integrations.server import cache_dir, launcher, ownership
 from capcal_integrations.server.ownership import new_key, record_server
 from capcal_integrations.testing import Loopback
@@ -297,7 +297,7 @@ def test_rerank_output_replaces_the_file_on_success_keeping_its_permissions(tmp_
 def test_credentials_in_a_url_stay_out_of_the_verbose_log(passages):
     with FakeLocal() as server:
         url = server.base_url.replace("http://", "http://alice:hunter2@")
-        done = subprocess.run([sys.executable, "-m", "capcal_integrations.cli", "-v", "rerank", "--base-url", url,
+        done = subprocess.run([sys.executable, "-m", "capcal_integrations.commands.cli", "-v", "rerank", "--base-url", url,
                                "--query", "q", "--passages", str(passages), "--method", "first-token"],
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -311,7 +311,7 @@ def test_errors_the_cli_prints_are_redacted(capsys, monkeypatch):
     def fail(args):
         raise EndpointError("POST http://alice:hunter2@10.0.0.5:8000/v1/completions: HTTP 500")
 
-    monkeypatch.setattr("capcal_integrations.cli.cmd_tune", fail)
+    monkeypatch.setattr("capcal_integrations.commands.cli.cmd_tune", fail)
     assert main(["tune", "--base-url", "http://x/v1"]) == 1
     assert capsys.readouterr().err == "capcal: error: POST http://***@10.0.0.5:8000/v1/completions: HTTP 500\n"
 
@@ -407,7 +407,7 @@ def test_capcal_serve_requires_its_key_records_it_and_is_found(port, tmp_path):
         (cache / weights.name).symlink_to(weights)
     env = {**os.environ, "CAPCAL_CACHE_DIR": str(cache), "OPENAI_API_KEY": AMBIENT}
     env.pop("CAPCAL_API_KEY", None)
-    serve = subprocess.Popen([sys.executable, "-m", "capcal_integrations.cli", "serve", "--port", str(port),
+    serve = subprocess.Popen([sys.executable, "-m", "capcal_integrations.commands.cli", "serve", "--port", str(port),
                               "--n-parallel", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         state = cache / "servers" / f"{port}.json"

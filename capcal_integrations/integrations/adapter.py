@@ -23,12 +23,12 @@ from typing import Any
 import openai
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
-from .errors import InputError
-from .options import OPTION_NAMES, Options
-from .prompts import PromptTemplate  # noqa: F401 - in the signature IDEs see
-from .redaction import redact
-from .reranker import CapCalReranker
-from .types import Ranking
+from ..errors import InputError
+from ..options import OPTION_NAMES, Options
+from ..prompts import PromptTemplate  # noqa: F401 - in the signature IDEs see
+from ..redaction import redact
+from ..reranker import CapCalReranker
+from ..types import Ranking
 
 __all__ = ["RerankerSettings", "clients_of", "rerank_summary", "metadata_key", "METADATA_KEY", "FALLBACK_METADATA_KEY"]
 

@@ -9,8 +9,8 @@ import sys
 import time
 from importlib import resources
 
-from .reranker import CapCalReranker
-from .types import Ranking
+from ..reranker import CapCalReranker
+from ..types import Ranking
 
 __all__ = ["run"]
 
@@ -20,7 +20,7 @@ def _out(text: str = "") -> None:
 
 
 def run(rr: CapCalReranker, forcing: bool = True) -> int:
-    demo = json.loads(resources.files("capcal_integrations").joinpath("demo.json").read_text(encoding="utf-8"))
+    demo = json.loads(resources.files("capcal_integrations.commands").joinpath("demo.json").read_text(encoding="utf-8"))
     query, passages = demo["query"], demo["passages"]
     texts = [p["text"] for p in passages]
     _out(f"Query: {query}   ({len(texts)} BM25 passages from TREC DL19; grade = NIST relevance 0-3)\n")

@@ -33,7 +33,7 @@ def add_parser(sub: Any, method_options: Callable[[argparse.ArgumentParser], Non
 def judged_from(path: str, top: int = 20, queries: int | None = None) -> list[tuple[str, list[Any], list[int]]]:
     """``(query, passages, grades)`` of a data folder's queries: the top ``top`` candidates, their grades (0 where
     unjudged); queries with no candidate graded above 0 left out."""
-    from .evaluation.data import load_dataset
+    from ..evaluation.data import load_dataset
 
     data = load_dataset(path)
     grades = data.grades()

@@ -16,11 +16,11 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .reranker import CapCalReranker
-    from .types import Ranking
+    from ..reranker import CapCalReranker
+    from ..types import Ranking
 
 __all__ = ["run", "read_requests"]
 
@@ -111,7 +111,7 @@ def _score(ranking: Ranking, i: int, passage: Any) -> float | None:
 
 def _rerank_batch(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """``--workers`` or several ``--base-url``: Ray workers, one endpoint each, appending to ``--output``
-    and skipping the lists it already holds (capcal_integrations/batch.py)."""
+    and skipping the lists it already holds (capcal_integrations/commands/batch.py)."""
     from .batch import rerank_batch
 
     if not (args.input and args.input != "-" and args.output and args.base_url):

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
-from .types import Ranking
+from ..errors import InputError
+from ..types import Ranking
 
 __all__ = ["read_rows", "rows_of", "list_hash", "identities", "pending", "record", "finished"]
 

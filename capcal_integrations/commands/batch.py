@@ -46,13 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..content_check import CAP, decision_key, load_decision
+from ..errors import InputError, MissingExtra
+from ..options import Options
+from ..reranker import CapCalReranker
+from ..saved_decisions import write_atomically
+from ..types import Ranking
 from .batchfile import finished, identities, list_hash, pending, read_rows, record, rows_of
-from .content_check import CAP, decision_key, load_decision
-from .errors import InputError, MissingExtra
-from .options import Options
-from .reranker import CapCalReranker
-from .saved_decisions import write_atomically
-from .types import Ranking
 
 __all__ = ["rerank_batch", "read_rows", "finished", "pending", "identities", "list_hash", "record", "worker_options",
            "decision_path", "BatchResult"]

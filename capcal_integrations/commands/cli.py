@@ -19,20 +19,20 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TextIO
 
-from .calibration import FORMS
-from .command_flags import add_endpoint_options, add_input_options, alphas, options_from_args
-from .decide_command import add_parser as add_decide_parser
-from .decide_command import run as run_decide
-from .demo_command import run as run_demo
-from .errors import KEY_HINT, CapCalError, EndpointError, InputError, SetupError
-from .redaction import RedactingFilter, redact
-from .rerank_command import read_requests
-from .rerank_command import run as run_rerank
-from .reranker import CapCalReranker
-from .server.command import add_serve_parser, serve_command
+from ..calibration import FORMS
+from ..errors import KEY_HINT, CapCalError, EndpointError, InputError, SetupError
+from ..redaction import RedactingFilter, redact
+from ..reranker import CapCalReranker
+from ..server.command import add_serve_parser, serve_command
+from .decide import add_parser as add_decide_parser
+from .decide import run as run_decide
+from .demo import run as run_demo
+from .flags import add_endpoint_options, add_input_options, alphas, options_from_args
+from .rerank import read_requests
+from .rerank import run as run_rerank
 
 if TYPE_CHECKING:
-    from .server import Endpoint
+    from ..server import Endpoint
 
 log = logging.getLogger("capcal")
 
@@ -51,7 +51,7 @@ def _reranker(args: argparse.Namespace, found: Endpoint) -> CapCalReranker:
 
 
 def _endpoint(args: argparse.Namespace) -> contextlib.AbstractContextManager[Endpoint]:
-    from .server import endpoint
+    from ..server import endpoint
 
     if args.api_key and not (args.base_url or os.environ.get("CAPCAL_BASE_URL")):
         raise InputError("--api-key is the key of the --base-url endpoint; a local server found or started "
@@ -77,7 +77,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .tuning import DEFAULT_ALPHAS, choose_alpha
+    from ..tuning import DEFAULT_ALPHAS, choose_alpha
 
     requests = read_requests(args)
     alphas = args.alphas or DEFAULT_ALPHAS
@@ -113,8 +113,8 @@ def cmd_key(args: argparse.Namespace) -> int:
     """Print the key of the server this user's ``capcal serve`` runs on ``--port`` (after the checks that it is
     that server), alone on stdout: ``export CAPCAL_API_KEY=$(capcal key)``; ``--url``: its base URL instead
     (``export CAPCAL_BASE_URL=$(capcal key --url)``)."""
-    from .server.launcher import DEFAULT_PORT
-    from .server.ownership import NotOurs, check_own_server
+    from ..server.launcher import DEFAULT_PORT
+    from ..server.ownership import NotOurs, check_own_server
 
     port = args.port or DEFAULT_PORT
     try:
@@ -223,14 +223,14 @@ def _setup_logging(verbose: bool, fmt: str) -> None:
 def _subcommand(name: str) -> Callable[[list[str]], int]:
     """The ``main(argv)`` of a command with its own parser, imported only when run."""
     if name == "eval":
-        from .evaluation.command import main as eval_main
+        from ..evaluation.command import main as eval_main
 
         return eval_main
     if name in ("decisions", "status"):
-        from .decisions_command import main as decisions_main
+        from .decisions import main as decisions_main
 
         return lambda argv: decisions_main(argv, prog=f"capcal {name}")
-    from .testbed.command import main as testbed_main
+    from ..testbed.command import main as testbed_main
 
     return testbed_main
 
