@@ -24,9 +24,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
 from capcal_integrations.decoding import check_readings  # noqa: E402
-from capcal_integrations.drivers import run_sync  # noqa: E402
 from capcal_integrations.rules import RULES  # noqa: E402
 from capcal_integrations.testbed.measure import bench_lists  # noqa: E402
+from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 
 
 def main() -> int:

@@ -114,9 +114,9 @@ def main() -> int:
         print(pathlib.Path(f"{out}.md").read_text())
         return 0
     from capcal_integrations.decoding import check_readings
-    from capcal_integrations.drivers import run_sync
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.testbed.measure import bench_lists
+    from capcal_integrations.transport.drivers import run_sync
 
     saved = json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())
     note = saved.get("options_note") or saved.get("options") or []
@@ -171,9 +171,9 @@ def fresh(args: argparse.Namespace, out: pathlib.Path) -> int:
     """Every query of ``--data`` (its first ``--queries``) read here in one run, with and without the query, as the
     library's check reads it (``check_readings``, default options, the default rule's orders)."""
     from capcal_integrations.decoding import check_readings
-    from capcal_integrations.drivers import run_sync
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.testbed.measure import bench_lists
+    from capcal_integrations.transport.drivers import run_sync
 
     lists = bench_lists(args.data)[:args.queries]
     done = json.loads(pathlib.Path(f"{out}.json").read_text())["rows"] if args.start else []

@@ -74,9 +74,9 @@ def ndcg10(grades: list[int], ideal: list[int]) -> float:
 
 def run(args: argparse.Namespace) -> dict:
     from capcal_integrations.decoding import check_readings
-    from capcal_integrations.drivers import run_sync
     from capcal_integrations.evaluation.data import load_dataset
     from capcal_integrations.server.launcher import endpoint
+    from capcal_integrations.transport.drivers import run_sync
 
     data = load_dataset(args.data)
     grades = data.grades()

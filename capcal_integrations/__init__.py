@@ -6,13 +6,13 @@
 """
 
 from . import errors as _errors
-from .calibration import adaptive_alpha, calibrate, calibrate_log, entropy
+from .calibration.formulas import adaptive_alpha, calibrate, calibrate_log, entropy
+from .calibration.tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .errors import *  # noqa: F403 (the whole error tree is public)
 from .options import METHODS, Options
 from .orders import borda, kendall_tau, windows
 from .prompts import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
 from .reranker import CapCalReranker
-from .tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .types import Capabilities, Document, Ranking, Step, Usage
 
 __version__ = "0.1.0"

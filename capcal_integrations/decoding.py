@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .calibration import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
+from .calibration.formulas import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
 from .contrast import Reading
 from .deadline import DeadlinePassed
 from .depth import below_depth

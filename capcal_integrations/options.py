@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .calibration import FORMS
+from .calibration.formulas import FORMS
 from .errors import InputError
 from .files import check_prompt
 from .parsers import (

@@ -18,9 +18,7 @@ from typing import Any
 
 import openai
 
-from .client import Clients
 from .content_check import ContentDecision, Pending, adopt, decision_of
-from .drivers import run_async, run_sync, together
 from .errors import InputError
 from .judged import arank_judged, judged_triples, label_decision, rank_judged
 from .options import Options, option_docs
@@ -30,6 +28,8 @@ from .protocol import EndpointState
 from .routing import for_list
 from .saved_decisions import Store
 from .strategies import rerank_flow
+from .transport.client import Clients
+from .transport.drivers import run_async, run_sync, together
 from .types import Capabilities, Ranking, Usage
 
 __all__ = ["CapCalReranker"]

@@ -21,12 +21,12 @@ import pytest
 
 from capcal_integrations import CapCalReranker
 from capcal_integrations.deadline import DeadlinePassed
-from capcal_integrations.drivers import run_async, run_sync
 from capcal_integrations.errors import ResponseError
 from capcal_integrations.probe import probe
 from capcal_integrations.protocol import Call
 from capcal_integrations.slots import SlotPins
-from capcal_integrations.transfer import MAX_BODY
+from capcal_integrations.transport.drivers import run_async, run_sync
+from capcal_integrations.transport.transfer import MAX_BODY
 
 PASSAGES = [f"passage {i}" for i in range(6)]
 

@@ -49,7 +49,7 @@ def test_a_ready_client_and_connection_settings_together_are_an_error():
 def test_http_clients_of_the_installed_openai_major_are_accepted():
     """Issue 24: openai 2.x is built on httpx, 3.x on httpx2; the fake endpoint's transport and the testbed's
     clients come from :func:`http_library`, so the same tests run under both majors."""
-    from capcal_integrations.client import http_library
+    from capcal_integrations.transport.client import http_library
     from tests.fake_endpoint import httpx2 as fake_http
     from tests.fake_endpoint import make_handler
 
@@ -128,7 +128,7 @@ def test_credentials_in_base_url_are_sent_as_a_header_and_never_logged(caplog):
 
 def test_a_base_url_without_v1_is_flagged_once(caplog):
     """Issue 34: a missing /v1 worked silently on llama.cpp (it serves both) and failed on other servers."""
-    from capcal_integrations.client import Clients
+    from capcal_integrations.transport.client import Clients
 
     with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
         Clients(base_url="http://127.0.0.1:18093", api_key="x")

@@ -17,11 +17,11 @@ import time
 import pytest
 
 from capcal_integrations import CapCalReranker, InputError, content_check
-from capcal_integrations.client import http_library
 from capcal_integrations.content_check import ContentCheck, ContentDecision, decision_key
 from capcal_integrations.options import Options
 from capcal_integrations.saved_decisions import Store, key_id
 from capcal_integrations.testbed import simulated_endpoint
+from capcal_integrations.transport.client import http_library
 from tests.test_content_check import lists
 
 

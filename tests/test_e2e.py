@@ -300,8 +300,8 @@ def test_client_side_chat_formats_render_what_the_server_renders(rr, server_url,
 def test_spans_tokenized_in_one_request_equal_one_request_each(rr):
     # llama.cpp's mixed /tokenize tokenizes each text on its own: the batch (texts between separator ids)
     # gives every span the ids a request of its own gives, whatever the text
-    from capcal_integrations.drivers import run_sync
     from capcal_integrations.protocol import span_ids, tokenize
+    from capcal_integrations.transport.drivers import run_sync
 
     texts = [" flea life cycle\n", "", " ünïcödé — 跳蚤 ✓\n\n", "no leading space", " <|im_end|> <tool_call> [3]\n",
              " " + "word " * 300, "\n"]

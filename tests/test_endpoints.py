@@ -9,7 +9,6 @@ import json
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.drivers import run_sync
 from capcal_integrations.endpoints import (
     CHAT_PREFILL,
     HOSTED_CHAT,
@@ -24,6 +23,7 @@ from capcal_integrations.endpoints import (
 from capcal_integrations.errors import CapabilityError
 from capcal_integrations.probe import route
 from capcal_integrations.testing import clients, hosted, make_handler
+from capcal_integrations.transport.drivers import run_sync
 from capcal_integrations.types import Capabilities
 from tests.fake_endpoint import httpx2
 

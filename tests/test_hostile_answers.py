@@ -142,8 +142,8 @@ def test_a_4000_id_template_answer_costs_a_bounded_number_of_requests():
 
 def test_a_label_that_tokenizes_to_thousands_of_tokens_is_refused_naming_the_bound():
     """Finding 4: labels were decoded from growing id prefixes, quadratic in a /tokenize answer's length."""
-    from capcal_integrations.drivers import run_sync
     from capcal_integrations.endpoints.vllm import MAX_TEXT_TOKENS, TOKENIZER
+    from capcal_integrations.transport.drivers import run_sync
 
     def fault(request):
         if request.url.path == "/tokenize":

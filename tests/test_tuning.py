@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from capcal_integrations import AlphaChoice, CapCalReranker, InputError, achoose_alpha, choose_alpha
-from capcal_integrations.tuning import DEFAULT_ALPHAS, _choose, _jobs, calibrated_order, consistency
+from capcal_integrations.calibration.tuning import DEFAULT_ALPHAS, _choose, _jobs, calibrated_order, consistency
 from capcal_integrations.types import Ranking, Step, Usage
 from tests._samples import PASSAGES, QUERY
 
@@ -108,7 +108,7 @@ def test_a_strength_other_than_1_must_beat_it_by_the_margin():
     """With a margin (the content check's: MARGIN), strength.choose keeps alpha = 1 unless another strength agrees
     better by that many standard errors over the queries: consistently better on every query wins; better on
     average from a few disagreeing queries does not. Without one (choose_alpha), the highest agreement wins."""
-    from capcal_integrations.strength import MARGIN, choose
+    from capcal_integrations.calibration.strength import MARGIN, choose
 
     def query(kind: str):  # two readings of a two-passage list; "good": they agree at .5 and not at 1
         return [([0, 1], ("first", kind)), ([1, 0], ("second", kind))]

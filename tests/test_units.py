@@ -5,7 +5,7 @@ import math
 import pytest
 
 from capcal_integrations import InputError, ResponseError, adaptive_alpha, borda, calibrate, calibrate_log, entropy, windows
-from capcal_integrations.calibration import normalise_logprobs, shares
+from capcal_integrations.calibration.formulas import normalise_logprobs, shares
 from capcal_integrations.labels import label_trie
 from capcal_integrations.options import Options
 from capcal_integrations.orders import rank_scores

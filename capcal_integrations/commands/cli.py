@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TextIO
 
-from ..calibration import FORMS
+from ..calibration.formulas import FORMS
 from ..errors import KEY_HINT, CapCalError, EndpointError, InputError, SetupError
 from ..redaction import RedactingFilter, redact
 from ..reranker import CapCalReranker
@@ -77,7 +77,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..tuning import DEFAULT_ALPHAS, choose_alpha
+    from ..calibration.tuning import DEFAULT_ALPHAS, choose_alpha
 
     requests = read_requests(args)
     alphas = args.alphas or DEFAULT_ALPHAS

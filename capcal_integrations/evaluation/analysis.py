@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..calibration import shares
+from ..calibration.formulas import shares
+from ..calibration.tuning import calibrated_order
 from ..options import CALIBRATED_METHODS
 from ..orders import borda, order_of_scores
-from ..tuning import calibrated_order
 from .bias import (
     expected_kl_uniform,
     kendall_tau,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..calibration import FORMS
+from ..calibration.formulas import FORMS
 from . import analysis as A
 from .data import Dataset
 from .markdown import fmt, table

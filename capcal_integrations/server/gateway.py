@@ -28,7 +28,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..client import http_library
+from ..transport.client import http_library
 
 __all__ = ["HostedGateway", "KINDS", "MAX_TOP_LOGPROBS"]
 

@@ -24,8 +24,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..client import http_library
 from ..errors import InputError
+from ..transport.client import http_library
 from .endpoint import Judged, PassageIndex, SimulatedServer
 from .model import SCENARIOS, SlotModel, scenario
 

@@ -285,7 +285,7 @@ def _windows(ranking: Any) -> int:
 
 def _implied(ranking: Any, alpha: float) -> list[int]:
     """The capcal ranking at ``alpha`` implied by a ranking's first step (one window: the whole list)."""
-    from ..strength import implied_order
+    from ..calibration.strength import implied_order
 
     if not ranking.steps:  # kept in its given order
         return list(ranking.order)

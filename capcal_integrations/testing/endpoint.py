@@ -2,7 +2,7 @@
 
 :func:`make_handler` returns a function from an HTTP request to a response, for a ``MockTransport`` of
 the installed openai's HTTP library (``httpx2`` for openai 3.x, ``httpx`` for 2.x:
-:func:`capcal_integrations.client.http_library`); :func:`clients` wraps it in a sync and an async
+:func:`capcal_integrations.transport.client.http_library`); :func:`clients` wraps it in a sync and an async
 ``openai`` client. The fake model's tokenizer is tiny (``[``, `` [``, ``]``, ``>``, digits, capital
 letters, Qwen's three control tokens; any other character is a token of its own) and its next-token
 log-probabilities are pseudo-random but deterministic in the prompt: it reads nothing, so a ranking
@@ -20,7 +20,7 @@ from typing import Any
 
 import openai
 
-from ..client import http_library
+from ..transport.client import http_library
 
 __all__ = ["make_handler", "hosted", "clients", "tokenize", "decode", "split_prompt", "tokenized_texts",
            "Handler", "VOCAB", "SPECIAL"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["FORMS", "normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log",
            "calibrated", "shares"]

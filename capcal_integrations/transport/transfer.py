@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .answers import excerpt
+from ..answers import excerpt
+from ..errors import EndpointTimeout, EndpointUnreachable, ResponseError
 from .client import http_library
-from .errors import EndpointTimeout, EndpointUnreachable, ResponseError
 
 httpx2 = http_library()  # the installed openai's HTTP library: httpx2 (openai 3.x) or httpx (2.x)
 

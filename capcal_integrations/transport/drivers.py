@@ -26,13 +26,13 @@ from typing import Any, TypeVar
 
 import openai
 
+from ..answers import excerpt, usage_of
+from ..deadline import Deadline, DeadlinePassed
+from ..errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError, request_url
+from ..protocol import Call, Flow
+from ..routing import ListRoute
+from ..types import Usage
 from . import transfer
-from .answers import excerpt, usage_of
-from .deadline import Deadline, DeadlinePassed
-from .errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError, request_url
-from .protocol import Call, Flow
-from .routing import ListRoute
-from .types import Usage
 
 T = TypeVar("T")
 

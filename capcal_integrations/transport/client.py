@@ -26,8 +26,8 @@ from typing import Any
 
 import openai
 
-from .errors import InputError
-from .redaction import redact
+from ..errors import InputError
+from ..redaction import redact
 
 log = logging.getLogger(__name__)
 

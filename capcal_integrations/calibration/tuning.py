@@ -18,14 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .calibration import calibrated
-from .errors import InputError
-from .orders import order_of_scores
+from ..errors import InputError
+from ..orders import order_of_scores
+from ..types import Ranking, Usage
+from .formulas import calibrated
 from .strength import ALPHAS, agreement_of, choose
-from .types import Ranking, Usage
 
 if TYPE_CHECKING:
-    from .reranker import CapCalReranker
+    from ..reranker import CapCalReranker
 
 __all__ = ["AlphaChoice", "DEFAULT_ALPHAS", "calibrated_order", "consistency",
            "choose_alpha", "achoose_alpha"]

@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .calibration import calibrated
-from .orders import mean_pairwise_tau, order_of_scores
+from ..orders import mean_pairwise_tau, order_of_scores
+from .formulas import calibrated
 
 __all__ = ["ALPHAS", "MARGIN", "pick", "choose", "agreement_of", "implied_order"]
 
