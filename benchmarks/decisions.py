@@ -1,6 +1,6 @@
 """The content check's decisions on the testbed: how often it says "reads" without content, and how fast with it.
 
-Each decision is the library's own sequential test (``capcal_integrations.contrast``: four first-step
+Each decision is the library's own sequential test (``capcal_integrations.content_check.contrast``: four first-step
 readings per query, the agreement score, the two e-processes, the cap) run over queries drawn at random
 from a real collection's BM25 lists (relevance grades from its qrels), each query read by the testbed's
 model (``capcal_integrations.testbed.model``, the same formula the simulated endpoint serves) with fresh
@@ -18,7 +18,7 @@ command writes ``benchmarks/results/decisions.md`` and ``.json``::
 
     python benchmarks/decisions.py --data ../shared/data/trec-dl19-passage --draws 2000
 
-``--rule query`` runs the default rule ``guard="query"`` (``capcal_integrations/query_contrast.py``) instead:
+``--rule query`` runs the default rule ``guard="query"`` (``capcal_integrations/content_check/query_contrast.py``) instead:
 each query's list is read in the rule's orders (four; six below ten slot pairs) with the query and again query-free
 (eight or twelve readings, the query-free prompts with their own noise, the list's shared slot effects the same in
 all), and the test runs
@@ -48,8 +48,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from capcal_integrations import rules  # noqa: E402
-from capcal_integrations.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading  # noqa: E402
+from capcal_integrations.content_check import rules  # noqa: E402
+from capcal_integrations.content_check.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 NULL_SCENARIOS = ("no-delta", "ties", "heavy-tails", "noise-scale-0.5", "noise-scale-1", "scale-1.5b", "shared-slots",
@@ -73,7 +73,7 @@ RANK_PROXY = "rank-proxy"
 #: query): for the query rule, a query effect that follows neither relevance nor the first stage, what its
 #: alignment evidence (``align_e``) is for. The content rule reads it as :data:`OWN`.
 OWN_QUERY = "query-own-preferences"
-#: The content rules this benchmark runs (``capcal_integrations.rules.RULES``).
+#: The content rules this benchmark runs (``capcal_integrations.content_check.rules.RULES``).
 RULE_NAMES = ("content", "query")
 
 
@@ -242,10 +242,10 @@ def report(rows: list[dict], meta: dict) -> str:
     followers = [r for r in rows if r["scenario"] in (FOLLOWER, RANK_PROXY)]
     if rule == "content":
         title = "# The content check's decisions on the testbed"
-        test = "(`capcal_integrations/contrast.py`)"
+        test = "(`capcal_integrations/content_check/contrast.py`)"
     else:
         title = f"# The {rule!r} rule's decisions on the testbed (guard=\"{rule}\", the default)"
-        test = (f"on what the query adds (`capcal_integrations/query_contrast.py`: each list read in four orders "
+        test = (f"on what the query adds (`capcal_integrations/content_check/query_contrast.py`: each list read in four orders "
                 f"(six below ten slot pairs) with the query and again query-free, eight or twelve readings a query, each "
                 f"query's e-value from the signs of its estimates; \"reads\" needs the alignment e-value at {align_e:g})")
     lines = [title, "",

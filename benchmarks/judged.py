@@ -38,7 +38,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from capcal_integrations.judged import LabelEvidence, rank_judged  # noqa: E402
+from capcal_integrations.content_check.judged import LabelEvidence, rank_judged  # noqa: E402
 from capcal_integrations.testbed import judged_lists, simulated_endpoint  # noqa: E402
 
 #: (name, slope s, how the model's grades are made: "relevance", "follower" or "taste")

@@ -1,12 +1,12 @@
 """Do a real model's passage preferences depend on the query? The saved readings against query-free ones.
 
-The content check (``capcal_integrations/contrast.py``) finds that both packaged models have consistent passage
+The content check (``capcal_integrations/content_check/contrast.py``) finds that both packaged models have consistent passage
 preferences on DL19 that do not follow relevance (``benchmarks/results/real-decision-*.md``). This probe asks
 whether those preferences need the query at all: each saved query's top-20 list is read again in the same four
 orders with the query replaced by a placeholder (``QUERY_FREE``), the same way the saved readings were taken
 (the 0.5B: the check's own readings, ``probability=trie``; the 1.5B: ``first-token`` first steps). Per query:
 
-* ``agree_q`` / ``agree_free``: the check's score (:func:`~capcal_integrations.contrast.agreement`) with and
+* ``agree_q`` / ``agree_free``: the check's score (:func:`~capcal_integrations.content_check.contrast.agreement`) with and
   without the query;
 * ``corr``: the correlation over slot pairs of the two content estimates (``e1 + e2``) with and without the
   query (near 1: the preferences are the same whatever the query);
@@ -38,8 +38,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from capcal_integrations import CapCalReranker, rules  # noqa: E402
-from capcal_integrations.contrast import (  # noqa: E402
+from capcal_integrations import CapCalReranker  # noqa: E402
+from capcal_integrations.content_check import rules  # noqa: E402
+from capcal_integrations.content_check.contrast import (  # noqa: E402
     CAP,
     Reading,
     agreement,
@@ -49,10 +50,10 @@ from capcal_integrations.contrast import (  # noqa: E402
     share,
     summary,
 )
+from capcal_integrations.content_check.query_contrast import differences, estimate_pairs, judge  # noqa: E402
+from capcal_integrations.content_check.query_contrast import summary as query_summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
-from capcal_integrations.query_contrast import differences, estimate_pairs, judge  # noqa: E402
-from capcal_integrations.query_contrast import summary as query_summary  # noqa: E402
 
 #: What stands in for the query: the library's own (the query rule reads the same prompts).
 QUERY_FREE = QUERY_PLACEHOLDER

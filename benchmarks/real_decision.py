@@ -30,7 +30,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.contrast import ALIGN_E, CAP, Evidence, Reading, agreement, alignment, summary  # noqa: E402
+from capcal_integrations.content_check.contrast import ALIGN_E, CAP, Evidence, Reading, agreement, alignment, summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 
 
@@ -124,7 +124,7 @@ def complete(args: argparse.Namespace) -> dict:
     """Readings ``A``, ``B`` saved by the older check, ``C`` and ``D`` read here the same way (module docstring)."""
     import math
 
-    from capcal_integrations.contrast import reading_orders
+    from capcal_integrations.content_check.contrast import reading_orders
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.testbed.measure import bench_lists
 

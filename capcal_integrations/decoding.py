@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration.formulas import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
-from .contrast import Reading
+from .content_check.contrast import Reading
+from .content_check.rules import DEFAULT_RULE, RULES, ContentRule
 from .deadline import DeadlinePassed
 from .depth import below_depth
 from .endpoints import kind_of
@@ -29,7 +30,6 @@ from .orders import order_of_scores
 from .probe import route
 from .prompts import QUERY_PLACEHOLDER, labels, render_prompt
 from .protocol import EndpointState, Flow, Token, generate, tokenize
-from .rules import DEFAULT_RULE, RULES, ContentRule
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Step
 

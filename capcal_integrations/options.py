@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .calibration.formulas import FORMS
+from .content_check.rules import guard_value
 from .errors import InputError
 from .files import check_prompt
 from .parsers import (
@@ -38,7 +39,6 @@ from .prompts import (
     resolve_template,
 )
 from .routing import check_header
-from .rules import guard_value
 
 __all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .content_check import Pending, check_of
+from .content_check.check import Pending, check_of
 from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, partial_order, within
 from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths

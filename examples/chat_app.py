@@ -45,8 +45,8 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_openai import ChatOpenAI
 from langchain_retriever import DATA, BM25Retriever, served_model, snippet  # the example beside this one
 
+from capcal_integrations.content_check.rules import DEFAULT_RULE
 from capcal_integrations.options import Options
-from capcal_integrations.rules import DEFAULT_RULE
 from capcal_integrations.server import EmbeddedServer, HostedGateway
 from langchain_ext import CapCalRerank
 

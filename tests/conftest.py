@@ -113,7 +113,7 @@ def session_decisions_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 @pytest.fixture(autouse=True)
 def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the developer's endpoint settings out of every test, and each test's saved content decisions
-    (capcal_integrations/saved_decisions.py) in a folder of its own."""
+    (capcal_integrations/content_check/saved_decisions.py) in a folder of its own."""
     for name in ("CAPCAL_BASE_URL", "CAPCAL_API_KEY", "CAPCAL_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CAPCAL_DECISIONS_DIR", str(tmp_path_factory.mktemp("decisions")))

@@ -23,7 +23,7 @@ import pytest
 
 from capcal_integrations import CapCalReranker, InputError
 from capcal_integrations.commands.batch import decision_path, finished, read_rows, rerank_batch
-from capcal_integrations.content_check import ContentDecision
+from capcal_integrations.content_check.check import ContentDecision
 from tests.fake_endpoint import clients, make_handler
 
 ROOT = Path(__file__).resolve().parent.parent

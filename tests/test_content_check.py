@@ -17,8 +17,8 @@ import time
 import pytest
 
 from capcal_integrations import InputError
-from capcal_integrations.content_check import ContentDecision, decision_key, load_decision
-from capcal_integrations.contrast import (
+from capcal_integrations.content_check.check import ContentDecision, decision_key, load_decision
+from capcal_integrations.content_check.contrast import (
     ALIGN_E,
     CAP,
     Evidence,
@@ -30,9 +30,9 @@ from capcal_integrations.contrast import (
     reading_orders,
     summary,
 )
+from capcal_integrations.content_check.rules import DEFAULT_RULE
 from capcal_integrations.options import Options
 from capcal_integrations.probe import fingerprint
-from capcal_integrations.rules import DEFAULT_RULE
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

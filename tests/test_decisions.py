@@ -1,5 +1,5 @@
 """Decisions that last and deciding machinery that cannot wedge (issue 33, items 3 and 4): the store of
-saved decisions (capcal_integrations/saved_decisions.py), the content check's one place where a decision is set,
+saved decisions (capcal_integrations/content_check/saved_decisions.py), the content check's one place where a decision is set,
 and the regression tests of the deciding machinery's defects (issue 33, finding 6), each named ``test_defect_...``.
 
 The endpoint is the testbed's simulated llama.cpp server, shown as llama.cpp shows itself (a model path in
@@ -16,10 +16,11 @@ import time
 
 import pytest
 
-from capcal_integrations import CapCalReranker, InputError, content_check
-from capcal_integrations.content_check import ContentCheck, ContentDecision, decision_key
+from capcal_integrations import CapCalReranker, InputError
+from capcal_integrations.content_check import check as content_check
+from capcal_integrations.content_check.check import ContentCheck, ContentDecision, decision_key
+from capcal_integrations.content_check.saved_decisions import Store, key_id
 from capcal_integrations.options import Options
-from capcal_integrations.saved_decisions import Store, key_id
 from capcal_integrations.testbed import simulated_endpoint
 from capcal_integrations.transport.client import http_library
 from tests.test_content_check import lists

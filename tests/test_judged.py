@@ -13,9 +13,9 @@ import pytest
 from scipy import stats
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.content_check import ContentDecision
+from capcal_integrations.content_check.check import ContentDecision
+from capcal_integrations.content_check.judged import LabelEvidence, judged_triples, ndcg10, paired_interval, t_quantile
 from capcal_integrations.errors import InputError
-from capcal_integrations.judged import LabelEvidence, judged_triples, ndcg10, paired_interval, t_quantile
 from capcal_integrations.testbed import simulated_endpoint
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon "
@@ -157,7 +157,7 @@ def test_capcal_decide_reads_a_data_folder(tmp_path, capsys):
 
 @pytest.mark.e2e
 def test_decide_on_the_real_server_sets_and_keeps_a_decision_from_labels(server_url, tmp_path, monkeypatch):
-    from capcal_integrations.saved_decisions import Store
+    from capcal_integrations.content_check.saved_decisions import Store
     from tests._samples import PASSAGES, QUERY
 
     monkeypatch.setenv("CAPCAL_DECISIONS_DIR", str(tmp_path))

@@ -8,12 +8,20 @@ import random
 
 import pytest
 
-from capcal_integrations.content_check import decision_key
-from capcal_integrations.contrast import Evidence, Reading, agreement
+from capcal_integrations.content_check.check import decision_key
+from capcal_integrations.content_check.contrast import Evidence, Reading, agreement
+from capcal_integrations.content_check.query_contrast import (
+    SCALES,
+    differences,
+    judge,
+    judge_scaled,
+    reading_orders,
+    split,
+    summary,
+)
+from capcal_integrations.content_check.rules import RULES
 from capcal_integrations.options import Options
 from capcal_integrations.prompts import QUERY_PLACEHOLDER
-from capcal_integrations.query_contrast import SCALES, differences, judge, judge_scaled, reading_orders, split, summary
-from capcal_integrations.rules import RULES
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 from tests.fake_endpoint import split_prompt
 from tests.test_content_check import GRADES, lists, rank_until_decided

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from capcal_integrations import CapCalReranker, InputError
+from capcal_integrations.content_check.rules import DEFAULT_RULE
 from capcal_integrations.options import Options
-from capcal_integrations.rules import DEFAULT_RULE
 from tests.fake_endpoint import clients, make_handler, split_prompt, tokenized_texts
 
 PASSAGES = [f"passage {i}" for i in range(12)]

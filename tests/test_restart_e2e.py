@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.content_check import ContentDecision, decision_key
-from capcal_integrations.saved_decisions import Store
+from capcal_integrations.content_check.check import ContentDecision, decision_key
+from capcal_integrations.content_check.saved_decisions import Store
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..content_check import CAP, decision_key, load_decision
+from ..content_check.check import CAP, decision_key, load_decision
+from ..content_check.saved_decisions import write_atomically
 from ..errors import InputError, MissingExtra
 from ..options import Options
 from ..reranker import CapCalReranker
-from ..saved_decisions import write_atomically
 from ..types import Ranking
 from .batchfile import finished, identities, list_hash, pending, read_rows, record, rows_of
 

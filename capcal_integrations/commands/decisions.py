@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from ..content_check.saved_decisions import STORE, describe, describe_progress
 from ..errors import InputError
-from ..saved_decisions import STORE, describe, describe_progress
 
 __all__ = ["main", "parser"]
 

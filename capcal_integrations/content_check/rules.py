@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
+from ..parsers import is_finite
 from . import query_contrast
 from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, reading_orders, summary
-from .errors import InputError
-from .parsers import is_finite
 
 __all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBDAS", "QUERY_BET_PAIRS", "rule_named",
            "guard_value"]

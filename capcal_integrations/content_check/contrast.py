@@ -62,7 +62,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .calibration.strength import ALPHAS, MARGIN, choose, implied_order
+from ..calibration.strength import ALPHAS, MARGIN, choose, implied_order
 
 __all__ = ["ALPHAS", "LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS",
            "ALIGN_EFFECT", "MIN_PASSAGES", "halves_swapped", "rotated_pair", "reading_orders", "Reading", "estimates",

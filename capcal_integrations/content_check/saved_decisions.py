@@ -36,10 +36,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
 from . import saved_readings
-from .content_decision import ContentDecision, Key
 from .contrast import Reading
-from .errors import InputError
+from .decision import ContentDecision, Key
 
 try:
     import fcntl

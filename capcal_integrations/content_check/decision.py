@@ -10,9 +10,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import InputError
+from ..files import option_text
 from .contrast import LEVEL
-from .errors import InputError
-from .files import option_text
 from .rules import RULES
 from .typed_json import fields_of
 

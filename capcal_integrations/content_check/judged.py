@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .content_check import ContentDecision, decision_key
-from .errors import InputError
+from ..errors import InputError
+from .check import ContentDecision, decision_key
 
 __all__ = ["LEVEL", "MIN_JUDGED", "Judged", "LabelEvidence", "ndcg10", "t_quantile", "paired_interval",
            "label_verdict", "judged_triples", "uncalibrated", "rank_judged", "arank_judged", "label_decision"]

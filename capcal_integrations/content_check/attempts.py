@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import EndpointError
-from .redaction import redact
+from ..errors import EndpointError
+from ..redaction import redact
 
 __all__ = ["Attempts", "Pending", "RETRY_BASE", "RETRY_MAX", "WARN_AFTER", "SEEN"]
 

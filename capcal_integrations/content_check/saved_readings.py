@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
 from .contrast import Reading
-from .errors import InputError
 
 __all__ = ["Progress", "load", "merged", "path", "drop", "entries", "FORMAT", "MAX_BYTES"]
 

@@ -40,10 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
 from .attempts import Attempts, Pending
-from .content_decision import KEY_OPTIONS, ContentDecision, Key, decision_key, load_decision
 from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Reading
-from .errors import InputError
+from .decision import KEY_OPTIONS, ContentDecision, Key, decision_key, load_decision
 from .rules import DEFAULT_RULE, RULES, ContentRule
 
 # KEY_OPTIONS, Key, ContentDecision, decision_key, load_decision: .content_decision's, re-exported here

@@ -29,7 +29,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["fields_of", "typed"]
 
