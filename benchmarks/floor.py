@@ -41,7 +41,7 @@ from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker  #
 from capcal_integrations.content_check.rules import RULES  # noqa: E402
 from capcal_integrations.decoding import check_readings  # noqa: E402
 from capcal_integrations.endpoints import tokenize  # noqa: E402
-from capcal_integrations.prompts import labels, render_prompt, resolve_template  # noqa: E402
+from capcal_integrations.prompts.render import labels, render_prompt, resolve_template  # noqa: E402
 from capcal_integrations.testbed.measure import bench_lists  # noqa: E402
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 

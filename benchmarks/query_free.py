@@ -53,7 +53,7 @@ from capcal_integrations.content_check.contrast import (  # noqa: E402
 from capcal_integrations.content_check.query_contrast import differences, estimate_pairs, judge  # noqa: E402
 from capcal_integrations.content_check.query_contrast import summary as query_summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
-from capcal_integrations.prompts import QUERY_PLACEHOLDER  # noqa: E402
+from capcal_integrations.prompts.render import QUERY_PLACEHOLDER  # noqa: E402
 
 #: What stands in for the query: the library's own (the query rule reads the same prompts).
 QUERY_FREE = QUERY_PLACEHOLDER

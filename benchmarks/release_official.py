@@ -40,7 +40,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from capcal_integrations.evaluation.data import Topic, load_dataset  # noqa: E402
-from capcal_integrations.prompts import clean_passage, passage_text  # noqa: E402
+from capcal_integrations.prompts.render import clean_passage, passage_text  # noqa: E402
 
 RELEASE_REPO = "USTC-StarTeam/CapCal"
 RELEASE_COMMIT = "941f6d3d042c109f18c765c987d6fbcc79bc920b"

@@ -11,7 +11,7 @@ from .calibration.tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .errors import *  # noqa: F403 (the whole error tree is public)
 from .options import METHODS, Options
 from .orders import borda, kendall_tau, windows
-from .prompts import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
+from .prompts.render import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
 from .reranker import CapCalReranker
 from .types import Capabilities, Document, Ranking, Step, Usage
 

@@ -24,12 +24,12 @@ from .content_check.rules import DEFAULT_RULE, RULES, ContentRule
 from .deadline import DeadlinePassed
 from .depth import below_depth
 from .endpoints import kind_of
+from .endpoints.probe import route
+from .endpoints.protocol import EndpointState, Flow, Token, generate, tokenize
 from .labels import LabelScores, label_logprobs
 from .options import Options
 from .orders import order_of_scores
-from .probe import route
-from .prompts import QUERY_PLACEHOLDER, labels, render_prompt
-from .protocol import EndpointState, Flow, Token, generate, tokenize
+from .prompts.render import QUERY_PLACEHOLDER, labels, render_prompt
 from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from .types import Step
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .endpoints import kind_of
+from .endpoints.protocol import EndpointState, Flow, text_messages, tokenize
 from .errors import InputError
-from .files import declared_tokens
 from .options import Options
-from .prompts import clean_passage, labels, passage_text, render_prompt
-from .protocol import EndpointState, Flow, text_messages, tokenize
+from .prompts.files import declared_tokens
+from .prompts.render import clean_passage, labels, passage_text, render_prompt
+from .prompts.untrusted import Prompt, clean_text, neutralise
 from .types import Document
-from .untrusted import Prompt, clean_text, neutralise
 
 __all__ = ["fit", "cleaned"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from .calibration.formulas import FORMS
 from .content_check.rules import guard_value
+from .endpoints.routing import check_header
 from .errors import InputError
-from .files import check_prompt
 from .parsers import (
     is_finite,
     is_whole,
@@ -29,7 +29,8 @@ from .parsers import (
     parse_optional_int,
     parse_optional_str,
 )
-from .prompts import (
+from .prompts.files import check_prompt
+from .prompts.render import (
     DEFAULT_PLACEHOLDER,
     RANK_ZEPHYR,
     RELEASE_PLACEHOLDER,
@@ -38,7 +39,6 @@ from .prompts import (
     labels,
     resolve_template,
 )
-from .routing import check_header
 
 __all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 

@@ -21,12 +21,12 @@ import openai
 from .content_check.check import ContentDecision, Pending, adopt, decision_of
 from .content_check.judged import arank_judged, judged_triples, label_decision, rank_judged
 from .content_check.saved_decisions import Store
+from .endpoints.probe import capabilities
+from .endpoints.protocol import EndpointState
+from .endpoints.routing import for_list
 from .errors import InputError
 from .options import Options, option_docs
-from .probe import capabilities
 from .progress import Watched
-from .protocol import EndpointState
-from .routing import for_list
 from .strategies import rerank_flow
 from .transport.client import Clients
 from .transport.drivers import run_async, run_sync, together

@@ -37,12 +37,12 @@ from .content_check.check import Pending, check_of
 from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, partial_order, within
 from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths
+from .endpoints.probe import capabilities, route
+from .endpoints.protocol import EndpointState, Flow
 from .errors import CapabilityError, InputError
 from .fitting import cleaned, fit
 from .options import Options
 from .orders import rank_scores, windows
-from .probe import capabilities, route
-from .protocol import EndpointState, Flow
 from .types import Capabilities, Document, Ranking, Step, as_document
 
 __all__ = ["rerank_flow", "parallel", "validated"]

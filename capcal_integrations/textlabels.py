@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .endpoints import kind_of
+from .endpoints.protocol import Alternatives, EndpointState, Flow, Generated, generate
 from .errors import ResponseError
 from .labels import LabelScores, logsumexp
-from .prompts import Messages
-from .protocol import Alternatives, EndpointState, Flow, Generated, generate
+from .prompts.render import Messages
 
 __all__ = ["score_texts", "nodes_to_read", "text_label_logprobs", "generated_label_logprobs", "path_reads",
            "parse_ranking"]

@@ -21,10 +21,10 @@ import pytest
 
 from capcal_integrations import CapCalReranker
 from capcal_integrations.deadline import DeadlinePassed
+from capcal_integrations.endpoints.probe import probe
+from capcal_integrations.endpoints.protocol import Call
+from capcal_integrations.endpoints.slots import SlotPins
 from capcal_integrations.errors import ResponseError
-from capcal_integrations.probe import probe
-from capcal_integrations.protocol import Call
-from capcal_integrations.slots import SlotPins
 from capcal_integrations.transport.drivers import run_async, run_sync
 from capcal_integrations.transport.transfer import MAX_BODY
 
@@ -221,7 +221,7 @@ def test_a_million_entry_answer_is_a_response_error_within_a_second_and_100_mb(s
 
 
 def test_top_logprobs_entries_per_position_are_bounded():
-    from capcal_integrations.answers import MAX_ALTERNATIVES, top_entries
+    from capcal_integrations.endpoints.answers import MAX_ALTERNATIVES, top_entries
 
     choice = json.loads(_huge_answer(MAX_ALTERNATIVES + 1))["choices"][0]
     with pytest.raises(ResponseError, match=f"bound of {MAX_ALTERNATIVES}") as err:
@@ -231,7 +231,7 @@ def test_top_logprobs_entries_per_position_are_bounded():
 
 
 def test_an_error_quotes_an_excerpt_never_the_whole_body():
-    from capcal_integrations.answers import excerpt, malformed
+    from capcal_integrations.endpoints.answers import excerpt, malformed
 
     body = {"choices": [{"x": "y" * 1000}] * 10**5}
     started = time.monotonic()

@@ -31,8 +31,8 @@ from capcal_integrations.content_check.contrast import (
     summary,
 )
 from capcal_integrations.content_check.rules import DEFAULT_RULE
+from capcal_integrations.endpoints.probe import fingerprint
 from capcal_integrations.options import Options
-from capcal_integrations.probe import fingerprint
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

@@ -25,9 +25,9 @@ import pytest
 from capcal_integrations import CapCalReranker, EndpointTimeout, InputError
 from capcal_integrations.deadline import Deadline, DeadlinePassed, partial_order, within
 from capcal_integrations.depth import borda_decoded, window_depths
+from capcal_integrations.endpoints.protocol import Call
 from capcal_integrations.options import Options
 from capcal_integrations.orders import borda
-from capcal_integrations.protocol import Call
 from capcal_integrations.transport.drivers import run_async, run_sync
 from tests.fake_endpoint import make_handler
 

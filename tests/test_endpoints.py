@@ -20,8 +20,8 @@ from capcal_integrations.endpoints import (
     kind_of,
     tokenize,
 )
+from capcal_integrations.endpoints.probe import route
 from capcal_integrations.errors import CapabilityError
-from capcal_integrations.probe import route
 from capcal_integrations.testing import clients, hosted, make_handler
 from capcal_integrations.transport.drivers import run_sync
 from capcal_integrations.types import Capabilities

@@ -1,6 +1,6 @@
 """Malformed answers from an endpoint: only typed errors come out (issue 16, item 9).
 
-Generated JSON is fed (a) to each parser of :mod:`capcal_integrations.answers` directly, arbitrary
+Generated JSON is fed (a) to each parser of :mod:`capcal_integrations.endpoints.answers` directly, arbitrary
 shapes and "near-valid" ones (real llama.cpp / vLLM / OpenAI answers with a field replaced by another
 type, wrapped, stringified or dropped), and (b) through whole flows over the fake endpoint
 (tests/fake_endpoint.py): the probe, and rerankings of every dialect with one answer mutated. A parser
@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capcal_integrations import METHODS, Capabilities, CapCalError, CapCalReranker, ResponseError
-from capcal_integrations.answers import completion_alternatives, first_choice, generated
-from capcal_integrations.protocol import (
+from capcal_integrations.endpoints.answers import completion_alternatives, first_choice, generated
+from capcal_integrations.endpoints.protocol import (
     EndpointState,
     _choices,
     _template_of,
@@ -156,7 +156,7 @@ PARSERS = [
                                                                      and isinstance(a.get("choices"), list) else 1)),
      COMPLETIONS),
 ]
-#: Readers that exist only in :mod:`capcal_integrations.answers`.
+#: Readers that exist only in :mod:`capcal_integrations.endpoints.answers`.
 READERS = [
     ("first_choice", first_choice, [OPENAI_CHAT]),
     ("completion_alternatives", lambda a: _alternatives_ok(completion_alternatives(a, 2)),

@@ -21,7 +21,7 @@ from capcal_integrations.content_check.query_contrast import (
 )
 from capcal_integrations.content_check.rules import RULES
 from capcal_integrations.options import Options
-from capcal_integrations.prompts import QUERY_PLACEHOLDER
+from capcal_integrations.prompts.render import QUERY_PLACEHOLDER
 from capcal_integrations.testbed import SCENARIOS, simulated_endpoint
 from tests.fake_endpoint import split_prompt
 from tests.test_content_check import GRADES, lists, rank_until_decided

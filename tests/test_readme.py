@@ -35,7 +35,7 @@ def option_table() -> str:
     """The README's option table, from :class:`~capcal_integrations.options.Options` (its defaults and docs)."""
     sys.path.insert(0, str(ROOT))
     from capcal_integrations.options import OPTION_FIELDS, option_docs
-    from capcal_integrations.prompts import PromptTemplate
+    from capcal_integrations.prompts.render import PromptTemplate
 
     rows = ["| option | default | meaning |", "|---|---|---|"]
     for name, doc in option_docs().items():

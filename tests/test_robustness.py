@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capcal_integrations import CapCalError, CapCalReranker, EndpointError, InputError, Ranking, choose_alpha
-from capcal_integrations.caches import TEMPLATE_CACHE_SIZE
+from capcal_integrations.endpoints.caches import TEMPLATE_CACHE_SIZE
+from capcal_integrations.endpoints.slots import SlotPins
 from capcal_integrations.options import OPTION_NAMES, Options
-from capcal_integrations.slots import SlotPins
 from capcal_integrations.transport.drivers import together
 from tests.fake_endpoint import clients, make_handler
 

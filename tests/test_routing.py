@@ -1,4 +1,4 @@
-"""The routing key per list (capcal_integrations/routing.py) and ``routed`` endpoints, on the fake endpoint.
+"""The routing key per list (capcal_integrations/endpoints/routing.py) and ``routed`` endpoints, on the fake endpoint.
 
 A router keeps a list on one server only if every request of the list carries the same key: these
 tests read every request the fake endpoint received (headers and bodies). The real router is

@@ -8,7 +8,7 @@ import httpx2
 import pytest
 
 from capcal_integrations import CapabilityError, CapCalReranker, ResponseError
-from capcal_integrations.probe import route
+from capcal_integrations.endpoints.probe import route
 from capcal_integrations.server import HostedGateway
 from capcal_integrations.textlabels import nodes_to_read, parse_ranking, path_reads, score_texts
 from capcal_integrations.types import Capabilities
@@ -172,7 +172,7 @@ def test_a_completions_endpoint_with_or_without_prompt_lists_ranks_the_same(meth
 
 def test_a_models_own_chat_template_is_rendered_here(tmp_path):
     from capcal_integrations import InputError, Options
-    from capcal_integrations.files import prompt_text
+    from capcal_integrations.prompts.files import prompt_text
 
     config = tmp_path / "tokenizer_config.json"
     config.write_text('{"chat_template": [{"name": "default", "template": "{{ bos_token }}{% for m in messages %}'

@@ -12,8 +12,8 @@ import httpx2
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.protocol import SPAN_SEPARATOR
-from capcal_integrations.untrusted import KNOWN_CONTROL, neutralise
+from capcal_integrations.endpoints.protocol import SPAN_SEPARATOR
+from capcal_integrations.prompts.untrusted import KNOWN_CONTROL, neutralise
 from tests.fake_endpoint import SPECIAL, clients, hosted, make_handler, tokenize, tokenized_texts
 
 FAMILIES = [

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..options import OPTION_FIELDS, OPTION_NAMES, Options
-from ..prompts import PromptTemplate
+from ..prompts.render import PromptTemplate
 from ..server.net import ENGINES
 
 __all__ = ["add_option_flags", "options_from_args", "add_endpoint_options", "add_input_options", "alphas"]

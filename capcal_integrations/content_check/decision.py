@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from ..files import option_text
+from ..prompts.files import option_text
 from .contrast import LEVEL
 from .rules import RULES
 from .typed_json import fields_of

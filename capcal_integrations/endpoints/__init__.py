@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..answers import parse_tokens
-from ..calls import Flow, Token
 from ..types import Capabilities
 from . import chat as chat_kind
 from . import hosted_completions, llamacpp, ollama, sglang, vllm
+from .answers import parse_tokens
 from .base import Kind, Lists, Query, TokenLogprobs, kind_of, optional, readable, tokenizer_of
+from .calls import Flow, Token
 from .chat import CHAT_PREFILL
 from .hosted_chat import HOSTED_CHAT, generate
 from .hosted_completions import HOSTED_COMPLETIONS, text_next_tokens

@@ -15,18 +15,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from ..answers import Alternatives, completion_alternatives, excerpt, parse_tokens, top_entries
-from ..calls import Call, EndpointState, Flow, Token, text_messages
 from ..errors import CapabilityError, EndpointError, ResponseError
-from ..files import prompt_text
+from ..prompts.files import prompt_text
+from ..prompts.untrusted import Prompt
 from ..types import Capabilities
-from ..untrusted import Prompt
+from .answers import Alternatives, completion_alternatives, excerpt, parse_tokens, top_entries
+from .calls import Call, EndpointState, Flow, Token, text_messages
 
 __all__ = ["Kind", "Tokenizer", "register", "kind_of", "tokenizer_of", "Query", "TokenLogprobs", "Lists", "optional",
            "unsupported", "readable", "entries", "count", "two_choices", "MAX_SLOTS", "MAX_CONTEXT",
            "MAX_TOP_LIMIT", "COMPLETIONS", "CHAT", "OPENAI_ROUTES", "text_next_tokens"]
 
-log = logging.getLogger("capcal_integrations.probe")  # what the probe found, under the probe's name
+log = logging.getLogger("capcal_integrations.endpoints.probe")  # what the probe found, under the probe's name
 
 TokenLogprobs = dict[Token, float]  # wanted token -> logprob (missing = not in the top-k)
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..answers import first_choice
-from ..calls import Call, EndpointState, Flow, chat_messages, text_messages
+from .answers import first_choice
 from .base import CHAT, Kind, Query, entries, optional, readable, register
+from .calls import Call, EndpointState, Flow, chat_messages, text_messages
 from .controls import learn_texts
 
 __all__ = ["CHAT_PREFILL", "ChatSupport", "detect", "CONTINUE"]

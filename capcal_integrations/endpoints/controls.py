@@ -27,13 +27,13 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ..answers import template_of
-from ..calls import Call, EndpointState, Flow, text_messages
 from ..errors import ResponseError
-from ..prompts import Messages
+from ..prompts.render import Messages
+from ..prompts.untrusted import Prompt
 from ..types import Capabilities
-from ..untrusted import Prompt
+from .answers import template_of
 from .base import optional
+from .calls import Call, EndpointState, Flow, text_messages
 
 __all__ = ["MAX_IDS", "MAX_CANDIDATES", "TESTED_MAX", "Dialect", "atomic", "candidate", "plausible", "learn",
            "found_in", "control_count", "learn_template", "learn_texts", "checked_prompts", "DIALECTS"]

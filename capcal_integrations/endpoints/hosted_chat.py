@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ..answers import Generated, generated
-from ..calls import Call, EndpointState, Flow, chat_messages, text_messages
-from ..prompts import Messages
+from ..prompts.render import Messages
 from ..types import Capabilities
+from .answers import Generated, generated
 from .base import CHAT, Kind, register
+from .calls import Call, EndpointState, Flow, chat_messages, text_messages
 
 __all__ = ["HOSTED_CHAT", "generate"]
 

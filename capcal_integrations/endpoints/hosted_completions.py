@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..answers import first_choice
-from ..calls import Call, Flow
 from ..types import Capabilities
+from .answers import first_choice
 from .base import COMPLETIONS, Kind, entries, optional, readable, register, text_next_tokens, two_choices
+from .calls import Call, Flow
 
 __all__ = ["HOSTED_COMPLETIONS", "text_next_tokens", "detect"]
 

@@ -9,12 +9,12 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..answers import choices_of, excerpt
-from ..calls import Call, EndpointState, Flow, Token
 from ..errors import EndpointError
+from ..prompts.untrusted import Prompt
 from ..types import Capabilities
-from ..untrusted import Prompt
+from .answers import choices_of, excerpt
 from .base import COMPLETIONS, MAX_TOP_LIMIT, Kind, Query, count, unsupported
+from .calls import Call, EndpointState, Flow, Token
 
 __all__ = ["PromptLists", "top_limit"]
 

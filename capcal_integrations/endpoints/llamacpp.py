@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import choices_of, malformed, parse_tokens, template_of
-from ..calls import Call, EndpointState, Flow, chat_messages
 from ..errors import EndpointError, ResponseError
-from ..files import declared_tokens, prompt_text
-from ..prompts import Messages
+from ..prompts.files import declared_tokens, prompt_text
+from ..prompts.render import Messages
 from ..types import Capabilities
+from .answers import choices_of, malformed, parse_tokens, template_of
 from .base import COMPLETIONS, Lists, Tokenizer, optional, register, tokenizer_of, two_choices
+from .calls import Call, EndpointState, Flow, chat_messages
 from .lists import Key, PromptLists
 
 __all__ = ["LLAMACPP", "TOKENIZER", "SPAN_SEPARATOR", "SERVER", "server_of", "props", "detect", "template_call"]

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import Alternatives, completion_alternatives
-from ..calls import Call, EndpointState, Flow, chat_messages, text_messages
+from ..prompts.untrusted import Prompt
 from ..types import Capabilities
-from ..untrusted import Prompt
+from .answers import Alternatives, completion_alternatives
 from .base import CHAT, Kind, register
+from .calls import Call, EndpointState, Flow, chat_messages, text_messages
 
 __all__ = ["OLLAMA", "SERVER", "server_of"]
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import malformed
-from ..calls import Call, EndpointState, Flow, Token, chat_messages
-from ..files import prompt_text
-from ..prompts import Messages
+from ..prompts.files import prompt_text
+from ..prompts.render import Messages
 from ..types import Capabilities
+from .answers import malformed
 from .base import COMPLETIONS, Lists, Tokenizer, optional, register, two_choices
+from .calls import Call, EndpointState, Flow, Token, chat_messages
 from .controls import DIALECTS, checked_prompts, learn_template
 from .lists import Key, PromptLists, top_limit
 

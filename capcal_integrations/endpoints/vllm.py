@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from ..answers import parse_tokens
-from ..calls import Call, EndpointState, Flow, Token, chat_messages
 from ..errors import ResponseError
-from ..files import prompt_text
-from ..prompts import Messages
+from ..prompts.files import prompt_text
+from ..prompts.render import Messages
+from ..prompts.untrusted import Prompt
 from ..types import Capabilities
-from ..untrusted import Prompt
+from .answers import parse_tokens
 from .base import COMPLETIONS, Lists, Tokenizer, entries, optional, register, two_choices
+from .calls import Call, EndpointState, Flow, Token, chat_messages
 from .controls import DIALECTS, checked_prompts, learn_template
 from .lists import Key, PromptLists, top_limit
 

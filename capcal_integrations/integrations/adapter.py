@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ..errors import InputError
 from ..options import OPTION_NAMES, Options
-from ..prompts import PromptTemplate  # noqa: F401 - in the signature IDEs see
+from ..prompts.render import PromptTemplate  # noqa: F401 - in the signature IDEs see
 from ..redaction import redact
 from ..reranker import CapCalReranker
 from ..types import Ranking

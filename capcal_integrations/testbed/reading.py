@@ -26,7 +26,7 @@ Judged = tuple[str, Sequence[str], Sequence[int]]  # (query, passages, their rel
 
 SPECIAL = ("<|im_start|>", "<|im_end|>")
 #: Where the assistant's turn starts in the prompt formats the library may send (the server's template,
-#: and the client-side ones of :data:`~capcal_integrations.prompts.PROMPT_FORMATS`).
+#: and the client-side ones of :data:`~capcal_integrations.prompts.render.PROMPT_FORMATS`).
 ASSISTANT_MARKERS = ("<|im_start|>assistant\n", "\n<|assistant|>\n", "<|start_header_id|>assistant<|end_header_id|>\n\n",
                      "<start_of_turn>model\n")
 _PIECE = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\w\s]| ?_|\s+")

@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 import openai
 
-from ..answers import excerpt, usage_of
 from ..deadline import Deadline, DeadlinePassed
+from ..endpoints.answers import excerpt, usage_of
+from ..endpoints.protocol import Call, Flow
+from ..endpoints.routing import ListRoute
 from ..errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError, request_url
-from ..protocol import Call, Flow
-from ..routing import ListRoute
 from ..types import Usage
 from . import transfer
 

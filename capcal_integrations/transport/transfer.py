@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..answers import excerpt
+from ..endpoints.answers import excerpt
 from ..errors import EndpointTimeout, EndpointUnreachable, ResponseError
 from .client import http_library
 

@@ -17,6 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import (  # noqa: F401 - re-exported
+    SPAN_SEPARATOR,
+    Query,
+    TokenLogprobs,
+    generate,
+    kind_of,
+    span_ids,
+    text_next_tokens,
+    tokenize,
+)
 from .answers import Alternatives, Generated, parse_tokens, top_entries  # noqa: F401 - re-exported
 from .answers import choices_of as _choices  # noqa: F401 - re-exported (tests/test_fuzz.py)
 from .answers import template_of as _template_of  # noqa: F401 - re-exported (tests/test_fuzz.py)
@@ -28,16 +38,6 @@ from .calls import (  # noqa: F401 - re-exported: every caller's name for them
     Token,
     chat_messages,
     text_messages,
-)
-from .endpoints import (  # noqa: F401 - re-exported
-    SPAN_SEPARATOR,
-    Query,
-    TokenLogprobs,
-    generate,
-    kind_of,
-    span_ids,
-    text_next_tokens,
-    tokenize,
 )
 
 

@@ -14,8 +14,8 @@ import json
 import pathlib
 from collections.abc import Callable
 
-from .errors import InputError, MissingExtra
-from .prompts import PROMPT_FORMATS, Messages
+from ..errors import InputError, MissingExtra
+from .render import PROMPT_FORMATS, Messages
 
 __all__ = ["check_prompt", "prompt_text", "jinja_template", "declared_tokens", "option_text"]
 

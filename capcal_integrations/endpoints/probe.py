@@ -19,13 +19,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import CapabilityError
+from ..types import Capabilities
+from . import choose, kind_of, server_facts
 from .answers import malformed
-from .endpoints import choose, kind_of, server_facts
-from .endpoints.base import MAX_CONTEXT, MAX_SLOTS, MAX_TOP_LIMIT, optional  # noqa: F401 - re-exported
-from .endpoints.base import count as _count
-from .errors import CapabilityError
+from .base import MAX_CONTEXT, MAX_SLOTS, MAX_TOP_LIMIT, optional  # noqa: F401 - re-exported
+from .base import count as _count
 from .protocol import Call, EndpointState, Flow
-from .types import Capabilities
 
 log = logging.getLogger(__name__)
 

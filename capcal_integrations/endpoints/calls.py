@@ -13,12 +13,12 @@ from collections.abc import Generator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from ..prompts.files import declared_tokens
+from ..prompts.render import Messages
+from ..prompts.untrusted import Prompt
+from ..types import Capabilities
 from .caches import RankingTemplates, TemplateCache
-from .files import declared_tokens
-from .prompts import Messages
 from .slots import SlotPins
-from .types import Capabilities
-from .untrusted import Prompt
 
 __all__ = ["Call", "Flow", "Token", "EndpointState", "chat_messages", "text_messages"]
 

@@ -12,8 +12,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import InputError
-from .types import Document
+from ..errors import InputError
+from ..types import Document
 from .untrusted import Prompt, clean_text, marker
 
 __all__ = ["PromptTemplate", "RANK_ZEPHYR", "RANK_GPT", "CAPCAL", "NO_EXAMPLE", "DEFAULT_PLACEHOLDER",

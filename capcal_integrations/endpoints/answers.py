@@ -20,8 +20,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ResponseError, excerpt  # noqa: F401 - excerpt: re-exported (its users import it here)
-from .types import Usage
+from ..errors import ResponseError, excerpt  # noqa: F401 - excerpt: re-exported (its users import it here)
+from ..types import Usage
 
 __all__ = ["LOGPROB_FLOOR", "MAX_ALTERNATIVES", "malformed", "excerpt", "usage_of", "parse_tokens", "top_entries", "choices_of",
            "first_choice", "template_of", "completion_alternatives", "generated", "Entry", "Alternatives",
