@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
 from capcal_integrations.content_check.rules import RULES  # noqa: E402
-from capcal_integrations.decoding import check_readings  # noqa: E402
+from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
 from capcal_integrations.testbed.measure import bench_lists  # noqa: E402
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 

@@ -6,7 +6,7 @@ server in one run, interleaved:
 * **generating**: one chat completion of RankGPT's prompt over the same passages, at most 100 generated tokens
   (what RankGPTRerank and LLMListwiseRerank send);
 * **vanilla** and **capcal** (``guard=None``), and **one deciding query** of the content check (its readings of
-  the list, :func:`~capcal_integrations.decoding.check_readings`);
+  the list, :func:`~capcal_integrations.ranking.decoding.check_readings`);
 * **the floor** of each: prefilling each distinct stream once (a request that generates one token, timed on a
   cold copy of the stream) plus the evaluations the method cannot avoid (the decoded ranking's tokens, at the
   per-token time of the generating request): vanilla = prefill(real) + tokens x t_token; capcal = prefill(real)
@@ -39,9 +39,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker  # noqa: E402
 from capcal_integrations.content_check.rules import RULES  # noqa: E402
-from capcal_integrations.decoding import check_readings  # noqa: E402
 from capcal_integrations.endpoints import tokenize  # noqa: E402
 from capcal_integrations.prompts.render import labels, render_prompt, resolve_template  # noqa: E402
+from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
 from capcal_integrations.testbed.measure import bench_lists  # noqa: E402
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 

@@ -114,7 +114,7 @@ def main() -> int:
         _write(out, args, done["rows"], done["drift"], done["seconds"])
         print(pathlib.Path(f"{out}.md").read_text())
         return 0
-    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.ranking.decoding import check_readings
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.testbed.measure import bench_lists
     from capcal_integrations.transport.drivers import run_sync
@@ -171,7 +171,7 @@ def main() -> int:
 def fresh(args: argparse.Namespace, out: pathlib.Path) -> int:
     """Every query of ``--data`` (its first ``--queries``) read here in one run, with and without the query, as the
     library's check reads it (``check_readings``, default options, the default rule's orders)."""
-    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.ranking.decoding import check_readings
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.testbed.measure import bench_lists
     from capcal_integrations.transport.drivers import run_sync

@@ -3,7 +3,7 @@
 Runs the content rule (``guard="content"``, the default before issue 22; ``check_wait=True`` so that the readings are taken in
 query order and every list after the decision is ranked by it) over the first ``--queries`` lists of a
 collection (top 20 of BM25), and reads the queries after the decision too (the same four first-step
-readings and the empty prompt's, :func:`capcal_integrations.decoding.check_readings`), so that the
+readings and the empty prompt's, :func:`capcal_integrations.ranking.decoding.check_readings`), so that the
 saved readings let the decision be replayed in ``--orders`` random query orders. Writes
 ``benchmarks/results/real-decision-<model>.md`` and ``.json`` (every reading saved, for reanalysis with
 ``--readings FILE``)::
@@ -73,8 +73,8 @@ def ndcg10(grades: list[int], ideal: list[int]) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from capcal_integrations.decoding import check_readings
     from capcal_integrations.evaluation.data import load_dataset
+    from capcal_integrations.ranking.decoding import check_readings
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.transport.drivers import run_sync
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 from capcal_integrations import CapCalReranker  # noqa: E402
 from capcal_integrations.evaluation.data import load_dataset  # noqa: E402
 from capcal_integrations.evaluation.markdown import table  # noqa: E402
-from capcal_integrations.orders import kendall_tau  # noqa: E402
+from capcal_integrations.ranking.orders import kendall_tau  # noqa: E402
 from capcal_integrations.types import Step  # noqa: E402
 
 OUT = HERE / "results" / "release-crosscheck"

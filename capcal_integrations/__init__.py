@@ -10,8 +10,8 @@ from .calibration.formulas import adaptive_alpha, calibrate, calibrate_log, entr
 from .calibration.tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .errors import *  # noqa: F403 (the whole error tree is public)
 from .options import METHODS, Options
-from .orders import borda, kendall_tau, windows
 from .prompts.render import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
+from .ranking.orders import borda, kendall_tau, windows
 from .reranker import CapCalReranker
 from .types import Capabilities, Document, Ranking, Step, Usage
 

@@ -18,7 +18,7 @@ from .calibration.formulas import FORMS
 from .content_check.rules import guard_value
 from .endpoints.routing import check_header
 from .errors import InputError
-from .parsers import (
+from .option_values import (
     is_finite,
     is_whole,
     parse_alpha,
@@ -90,9 +90,9 @@ class Options:
                                  "without the check), 'adaptive' (the released rule min(5 H / log|C|, 2)) or a fixed "
                                  "calibration strength >= 0.", parse_alpha)
     guard: str | None = _option(
-        "query", "Whether the calibrated methods calibrate at all: the content rule that decides it (capcal_integrations."
-        "rules), once per model and reading options over the queries ranked, off the request path; until it decides, "
-        "and for a model that does not read, every list keeps its given order. 'query': each query's top window read "
+        "query", "Whether the calibrated methods calibrate at all: the content rule that decides it ("
+        "capcal_integrations.content_check.rules), once per model and reading options over the queries ranked, off the "
+        "request path; until it decides, and for a model that does not read, every list keeps its given order. 'query': each query's top window read "
         "at the first step in four orders (six under 20 passages), with the query and again without it; a sequential "
         "test on what the query adds, centred over the list's passage pairs, says 'reads' or 'does not read' as soon as "
         "the evidence is strong, "

@@ -26,8 +26,8 @@ from .endpoints.protocol import EndpointState
 from .endpoints.routing import for_list
 from .errors import InputError
 from .options import Options, option_docs
-from .progress import Watched
-from .strategies import rerank_flow
+from .ranking.progress import Watched
+from .ranking.strategies import rerank_flow
 from .transport.client import Clients
 from .transport.drivers import run_async, run_sync, together
 from .types import Capabilities, Ranking, Usage

@@ -20,11 +20,11 @@ import openai
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.deadline import DeadlinePassed
 from capcal_integrations.endpoints.probe import probe
 from capcal_integrations.endpoints.protocol import Call
 from capcal_integrations.endpoints.slots import SlotPins
 from capcal_integrations.errors import ResponseError
+from capcal_integrations.ranking.deadline import DeadlinePassed
 from capcal_integrations.transport.drivers import run_async, run_sync
 from capcal_integrations.transport.transfer import MAX_BODY
 

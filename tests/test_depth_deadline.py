@@ -1,6 +1,6 @@
 """Issue 18: decode only as deep as needed (``depth``) and answer by a ``deadline``.
 
-Pure rules with hand-worked numbers (capcal_integrations/depth.py, deadline.py), the flow against the
+Pure rules with hand-worked numbers (capcal_integrations/ranking/depth.py, deadline.py), the flow against the
 fake endpoint (tests/fake_endpoint.py), the drivers against a real socket that records when the client
 hangs up, and the real llama.cpp server (e2e: top 5 at depth 5 = full depth's top 5; a deadline shorter
 than a full ranking returns in time, partial, and leaves the server idle).
@@ -23,11 +23,11 @@ import openai
 import pytest
 
 from capcal_integrations import CapCalReranker, EndpointTimeout, InputError
-from capcal_integrations.deadline import Deadline, DeadlinePassed, partial_order, within
-from capcal_integrations.depth import borda_decoded, window_depths
 from capcal_integrations.endpoints.protocol import Call
 from capcal_integrations.options import Options
-from capcal_integrations.orders import borda
+from capcal_integrations.ranking.deadline import Deadline, DeadlinePassed, partial_order, within
+from capcal_integrations.ranking.depth import borda_decoded, window_depths
+from capcal_integrations.ranking.orders import borda
 from capcal_integrations.transport.drivers import run_async, run_sync
 from tests.fake_endpoint import make_handler
 

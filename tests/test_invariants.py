@@ -277,7 +277,7 @@ def test_a_prompt_list_without_a_free_slot_goes_prompt_by_prompt_and_reads_the_s
     unpinned list of several prompts made llama.cpp compute the whole prompt once per idle slot. Sent prompt by
     prompt, each goes to the slot holding its prefix; the readings are the same as with enough slots."""
     from capcal_integrations.content_check.rules import RULES
-    from capcal_integrations.decoding import check_readings
+    from capcal_integrations.ranking.decoding import check_readings
     from capcal_integrations.transport.drivers import run_sync
 
     def read(slots):

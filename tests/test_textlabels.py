@@ -9,8 +9,8 @@ import pytest
 
 from capcal_integrations import CapabilityError, CapCalReranker, ResponseError
 from capcal_integrations.endpoints.probe import route
+from capcal_integrations.reading.textlabels import nodes_to_read, parse_ranking, path_reads, score_texts
 from capcal_integrations.server import HostedGateway
-from capcal_integrations.textlabels import nodes_to_read, parse_ranking, path_reads, score_texts
 from capcal_integrations.types import Capabilities
 from tests.fake_endpoint import clients, hosted, make_handler
 

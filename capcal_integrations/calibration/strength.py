@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..orders import mean_pairwise_tau, order_of_scores
+from ..ranking.orders import mean_pairwise_tau, order_of_scores
 from .formulas import calibrated
 
 __all__ = ["ALPHAS", "MARGIN", "pick", "choose", "agreement_of", "implied_order"]

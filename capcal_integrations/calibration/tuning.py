@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from ..orders import order_of_scores
+from ..ranking.orders import order_of_scores
 from ..types import Ranking, Usage
 from .formulas import calibrated
 from .strength import ALPHAS, agreement_of, choose

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from ..parsers import is_finite
+from ..option_values import is_finite
 from . import query_contrast
 from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, reading_orders, summary
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..calibration.formulas import shares
 from ..calibration.tuning import calibrated_order
 from ..options import CALIBRATED_METHODS
-from ..orders import borda, order_of_scores
+from ..ranking.orders import borda, order_of_scores
 from .bias import (
     expected_kl_uniform,
     kendall_tau,

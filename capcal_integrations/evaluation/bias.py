@@ -10,7 +10,7 @@ import math
 import random
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
-from ..orders import kendall_tau, mean_pairwise_tau
+from ..ranking.orders import kendall_tau, mean_pairwise_tau
 
 __all__ = [
     "shuffle_of",

@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 import openai
 
-from ..deadline import Deadline, DeadlinePassed
 from ..endpoints.answers import excerpt, usage_of
 from ..endpoints.protocol import Call, Flow
 from ..endpoints.routing import ListRoute
 from ..errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError, request_url
+from ..ranking.deadline import Deadline, DeadlinePassed
 from ..types import Usage
 from . import transfer
 

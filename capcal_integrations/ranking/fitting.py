@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .endpoints import kind_of
-from .endpoints.protocol import EndpointState, Flow, text_messages, tokenize
-from .errors import InputError
-from .options import Options
-from .prompts.files import declared_tokens
-from .prompts.render import clean_passage, labels, passage_text, render_prompt
-from .prompts.untrusted import Prompt, clean_text, neutralise
-from .types import Document
+from ..endpoints import kind_of
+from ..endpoints.protocol import EndpointState, Flow, text_messages, tokenize
+from ..errors import InputError
+from ..options import Options
+from ..prompts.files import declared_tokens
+from ..prompts.render import clean_passage, labels, passage_text, render_prompt
+from ..prompts.untrusted import Prompt, clean_text, neutralise
+from ..types import Document
 
 __all__ = ["fit", "cleaned"]
 

@@ -24,9 +24,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .endpoints.protocol import EndpointState, Flow, Query, Token, TokenLogprobs, next_token_logprobs
-from .errors import CapabilityError
-from .prompts.render import Messages
+from ..endpoints.protocol import EndpointState, Flow, Query, Token, TokenLogprobs, next_token_logprobs
+from ..errors import CapabilityError
+from ..prompts.render import Messages
 
 Path = tuple[Token, ...]
 Answer = tuple[TokenLogprobs, float]  # the wanted tokens found, and the floor (an upper bound for the rest)

@@ -33,17 +33,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .content_check.check import Pending, check_of
+from ..content_check.check import Pending, check_of
+from ..endpoints.probe import capabilities, route
+from ..endpoints.protocol import EndpointState, Flow
+from ..errors import CapabilityError, InputError
+from ..options import Options
+from ..types import Capabilities, Document, Ranking, Step, as_document
 from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, partial_order, within
 from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths
-from .endpoints.probe import capabilities, route
-from .endpoints.protocol import EndpointState, Flow
-from .errors import CapabilityError, InputError
 from .fitting import cleaned, fit
-from .options import Options
 from .orders import rank_scores, windows
-from .types import Capabilities, Document, Ranking, Step, as_document
 
 __all__ = ["rerank_flow", "parallel", "validated"]
 

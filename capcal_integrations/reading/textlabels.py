@@ -31,11 +31,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .endpoints import kind_of
-from .endpoints.protocol import Alternatives, EndpointState, Flow, Generated, generate
-from .errors import ResponseError
+from ..endpoints import kind_of
+from ..endpoints.protocol import Alternatives, EndpointState, Flow, Generated, generate
+from ..errors import ResponseError
+from ..prompts.render import Messages
 from .labels import LabelScores, logsumexp
-from .prompts.render import Messages
 
 __all__ = ["score_texts", "nodes_to_read", "text_label_logprobs", "generated_label_logprobs", "path_reads",
            "parse_ranking"]

@@ -18,20 +18,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .calibration.formulas import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
-from .content_check.contrast import Reading
-from .content_check.rules import DEFAULT_RULE, RULES, ContentRule
+from ..calibration.formulas import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
+from ..content_check.contrast import Reading
+from ..content_check.rules import DEFAULT_RULE, RULES, ContentRule
+from ..endpoints import kind_of
+from ..endpoints.probe import route
+from ..endpoints.protocol import EndpointState, Flow, Token, generate, tokenize
+from ..options import Options
+from ..prompts.render import QUERY_PLACEHOLDER, labels, render_prompt
+from ..reading.labels import LabelScores, label_logprobs
+from ..reading.textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
+from ..types import Step
 from .deadline import DeadlinePassed
 from .depth import below_depth
-from .endpoints import kind_of
-from .endpoints.probe import route
-from .endpoints.protocol import EndpointState, Flow, Token, generate, tokenize
-from .labels import LabelScores, label_logprobs
-from .options import Options
 from .orders import order_of_scores
-from .prompts.render import QUERY_PLACEHOLDER, labels, render_prompt
-from .textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
-from .types import Step
 
 __all__ = ["Window", "rank_window", "generated_window", "check_readings", "SEPARATOR"]
 
