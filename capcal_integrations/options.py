@@ -92,7 +92,8 @@ class Options:
     guard: str | None = _option(
         "query", "Whether the calibrated methods calibrate at all: the content rule that decides it ("
         "capcal_integrations.content_check.rules), once per model and reading options over the queries ranked, off the "
-        "request path; until it decides, and for a model that does not read, every list keeps its given order. 'query': each query's top window read "
+        "request path; until it decides, and for a model that does not read, every list keeps its given order. "
+        "'query': each query's top window read "
         "at the first step in four orders (six under 20 passages), with the query and again without it; a sequential "
         "test on what the query adds, centred over the list's passage pairs, says 'reads' or 'does not read' as soon as "
         "the evidence is strong, "
