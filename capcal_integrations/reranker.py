@@ -1,5 +1,6 @@
-"""``CapCalReranker``: the public entry point. Each call is one :func:`~.strategies.rerank_flow` run
-by a driver, on its own view of the shared per-endpoint state (:meth:`~.protocol.EndpointState.for_ranking`);
+"""``CapCalReranker``: the public entry point. Each call is one
+:func:`~capcal_integrations.ranking.strategies.rerank_flow` run by a driver, on its own view of the shared
+per-endpoint state (:meth:`~capcal_integrations.endpoints.calls.EndpointState.for_ranking`);
 this module only holds configuration and that state."""
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import openai
 from .content_check.check import ContentDecision, Pending, adopt, decision_of
 from .content_check.judged import arank_judged, judged_triples, label_decision, rank_judged
 from .content_check.saved_decisions import Store
+from .endpoints.calls import EndpointState
 from .endpoints.probe import capabilities
-from .endpoints.protocol import EndpointState
 from .endpoints.routing import for_list
 from .errors import InputError
 from .options import Options, option_docs
@@ -155,8 +156,7 @@ class CapCalReranker:
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
         permutation of ``range(len(passages))``. ``progress``: called with the number of requests asked for so far,
         after each batch (a long ranking's sign of life; the adapters' ``progress=True`` draws it as a bar)."""
-        state = self._state.for_ranking(self.options.routed)
-        object.__setattr__(state, "background", self._read_in_thread)  # this view's own (not the endpoint's)
+        state = self._state.for_ranking(self.options.routed, self._read_in_thread)
         route = for_list(self.options.routing_header, state)  # a new key per list: see .routing
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*run_sync(Watched(flow, progress) if progress else flow, self.client, route,
@@ -169,8 +169,7 @@ class CapCalReranker:
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore,
                        progress: Callable[[int], None] | None = None) -> Ranking:
-        state = self._state.for_ranking(self.options.routed)
-        object.__setattr__(state, "background", self._read_in_thread)  # this view's own (not the endpoint's)
+        state = self._state.for_ranking(self.options.routed, self._read_in_thread)
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*await run_async(Watched(flow, progress) if progress else flow, self.async_client, limit,
                                             for_list(self.options.routing_header, state), self.options.deadline))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
+
+
+def _deprecated(message: str) -> None:
+    warnings.warn(message + "; it goes in a later release", FutureWarning, stacklevel=3)
 
 __all__ = ["Document", "Step", "Usage", "Ranking", "Capabilities", "as_document"]
 
@@ -109,9 +114,9 @@ class Ranking:
     ``upper_bounds``: how many label probabilities were upper bounds or estimates because the endpoint's
     top-k did not contain a needed token, or (hosted chat APIs) the model's answer did not pass through a
     token several identifiers share (never silently zero). ``notes``: anything else worth knowing.
-    ``agreement``: always empty; the retired per-list guard (``guard=<z-score>``) filled it, and it is kept so
-    that code reading it does not break. ``guarded``: ``(0,)`` when the list was kept in its given order by the
-    content rule (as ``kept_given_order``), else empty.
+    ``agreement`` and ``guarded`` are deprecated read-only properties (a ``FutureWarning`` when read):
+    ``agreement`` is always empty (the retired per-list guard filled it); ``guarded`` is ``(0,)`` exactly when
+    ``kept_given_order``, which says it.
     ``decoded``: how many leading places of ``order`` the method decided (``Options.depth``, a deadline,
     or identifiers a generated answer left out); the places after them were *not* decided by the model
     and say so in :meth:`details` and a note. ``None``: every place was decided.
@@ -133,12 +138,28 @@ class Ranking:
     usage: Usage = Usage()
     upper_bounds: int = 0
     notes: tuple[str, ...] = ()
-    agreement: tuple[float, ...] = ()
-    guarded: tuple[int, ...] = ()
     decoded: int | None = None
     partial: bool = False
     checked: tuple[int, ...] = ()
     kept_given_order: bool = False
+
+    @property
+    def agreement(self) -> tuple[float, ...]:
+        """Deprecated: always empty (the retired per-list guard, ``guard=<z-score>``, filled it)."""
+        _deprecated("Ranking.agreement is always empty (the per-list guard that filled it is retired)")
+        return ()
+
+    @property
+    def guarded(self) -> tuple[int, ...]:
+        """Deprecated: ``(0,)`` when the list was kept in its given order, else empty; read ``kept_given_order``.
+
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True):
+        ...     Ranking((0, 1), (1.0, 0.5), "given-order", kept_given_order=True).guarded
+        (0,)
+        """
+        _deprecated("Ranking.guarded is deprecated: read Ranking.kept_given_order")
+        return (0,) if self.kept_given_order else ()
 
     @property
     def placed_by_model(self) -> bool:

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import capcal_integrations
 
 
@@ -42,7 +44,7 @@ def test_a_plain_import_loads_the_core_alone():
                           "saved_decisions", "saved_readings", "typed_json"),
         "transport": ("", "client", "drivers", "transfer"),
         "endpoints": ("", "base", "lists", "llamacpp", "vllm", "sglang", "ollama", "chat", "hosted_chat",
-                      "hosted_completions", "controls", "probe", "protocol", "calls", "answers", "caches", "routing",
+                      "hosted_completions", "controls", "probe", "calls", "answers", "caches", "routing",
                       "slots"),
         "prompts": ("", "render", "untrusted", "files"),
         "ranking": ("", "strategies", "decoding", "fitting", "depth", "deadline", "progress", "orders"),
@@ -50,3 +52,17 @@ def test_a_plain_import_loads_the_core_alone():
     }
     core = {".".join(p for p in (folder, m) if p) for folder, names in folders.items() for m in names}
     assert set(ours) == {"capcal_integrations" + (f".{m}" if m else "") for m in core}, ours
+
+
+def test_the_retired_ranking_fields_still_read_with_a_future_warning():
+    """Issue 37's leftovers: ``Ranking.agreement`` (always empty) and ``Ranking.guarded`` (what
+    ``kept_given_order`` says) are properties now, kept for code that reads them, each read warned."""
+    kept = capcal_integrations.Ranking((0, 1), (1.0, 0.5), "given-order", kept_given_order=True)
+    ranked = capcal_integrations.Ranking((1, 0), (1.0, 0.5))
+    for ranking, guarded in ((kept, (0,)), (ranked, ())):
+        with pytest.warns(FutureWarning, match="kept_given_order"):
+            assert ranking.guarded == guarded
+        with pytest.warns(FutureWarning, match="always empty"):
+            assert ranking.agreement == ()
+    with pytest.raises(TypeError):
+        capcal_integrations.Ranking((0,), (1.0,), guarded=(0,))  # no longer a field: nothing sets it

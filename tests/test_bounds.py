@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from capcal_integrations import CapCalReranker
+from capcal_integrations.endpoints.calls import Call
 from capcal_integrations.endpoints.probe import probe
-from capcal_integrations.endpoints.protocol import Call
 from capcal_integrations.endpoints.slots import SlotPins
 from capcal_integrations.errors import ResponseError
 from capcal_integrations.ranking.deadline import DeadlinePassed

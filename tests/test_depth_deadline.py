@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from capcal_integrations import CapCalReranker, EndpointTimeout, InputError
-from capcal_integrations.endpoints.protocol import Call
+from capcal_integrations.endpoints.calls import Call
 from capcal_integrations.options import Options
 from capcal_integrations.ranking.deadline import Deadline, DeadlinePassed, partial_order, within
 from capcal_integrations.ranking.depth import borda_decoded, window_depths

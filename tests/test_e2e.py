@@ -21,7 +21,7 @@ from capcal_integrations import (
     EndpointUnreachable,
     InputError,
 )
-from capcal_integrations.endpoints.protocol import chat_messages
+from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.files import prompt_text
 from capcal_integrations.prompts.render import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
 from tests._compare import assert_same_order_up_to_ties, assert_same_ranking
@@ -300,7 +300,7 @@ def test_client_side_chat_formats_render_what_the_server_renders(rr, server_url,
 def test_spans_tokenized_in_one_request_equal_one_request_each(rr):
     # llama.cpp's mixed /tokenize tokenizes each text on its own: the batch (texts between separator ids)
     # gives every span the ids a request of its own gives, whatever the text
-    from capcal_integrations.endpoints.protocol import span_ids, tokenize
+    from capcal_integrations.endpoints import span_ids, tokenize
     from capcal_integrations.transport.drivers import run_sync
 
     texts = [" flea life cycle\n", "", " ünïcödé — 跳蚤 ✓\n\n", "no leading space", " <|im_end|> <tool_call> [3]\n",

@@ -22,16 +22,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capcal_integrations import METHODS, Capabilities, CapCalError, CapCalReranker, ResponseError
-from capcal_integrations.endpoints.answers import completion_alternatives, first_choice, generated
-from capcal_integrations.endpoints.protocol import (
-    EndpointState,
-    _choices,
-    _template_of,
+from capcal_integrations.endpoints import text_next_tokens
+from capcal_integrations.endpoints.answers import choices_of as _choices
+from capcal_integrations.endpoints.answers import (
+    completion_alternatives,
+    first_choice,
+    generated,
     parse_tokens,
-    text_next_tokens,
     top_entries,
     usage_of,
 )
+from capcal_integrations.endpoints.answers import template_of as _template_of
+from capcal_integrations.endpoints.calls import EndpointState
 from tests.fake_endpoint import clients, hosted, make_handler
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,

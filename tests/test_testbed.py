@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from capcal_integrations import EndpointError
 from capcal_integrations.calibration.formulas import normalise_logprobs
-from capcal_integrations.endpoints.protocol import SPAN_SEPARATOR
+from capcal_integrations.endpoints import SPAN_SEPARATOR
 from capcal_integrations.testbed import SCENARIOS, SlotModel, simulated_endpoint
 from capcal_integrations.testbed.endpoint import Vocabulary, pieces, tokenize
 

@@ -6,7 +6,7 @@ import pytest
 
 from capcal_integrations import InputError, ResponseError, adaptive_alpha, borda, calibrate, calibrate_log, entropy, windows
 from capcal_integrations.calibration.formulas import normalise_logprobs, shares
-from capcal_integrations.endpoints.protocol import parse_tokens, top_entries, usage_of
+from capcal_integrations.endpoints.answers import parse_tokens, top_entries, usage_of
 from capcal_integrations.options import Options
 from capcal_integrations.prompts.render import RANK_ZEPHYR, clean_passage, labels, render
 from capcal_integrations.ranking.orders import rank_scores

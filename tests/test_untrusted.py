@@ -12,7 +12,7 @@ import httpx2
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.endpoints.protocol import SPAN_SEPARATOR
+from capcal_integrations.endpoints import SPAN_SEPARATOR
 from capcal_integrations.prompts.untrusted import KNOWN_CONTROL, neutralise
 from tests.fake_endpoint import SPECIAL, clients, hosted, make_handler, tokenize, tokenized_texts
 

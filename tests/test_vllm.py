@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.endpoints.protocol import chat_messages
+from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.render import RANK_ZEPHYR, clean_passage, labels, render
 from tests._compare import VLLM_DRIFT, assert_same_ranking
 from tests._samples import PASSAGES, QUERY

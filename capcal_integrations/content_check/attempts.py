@@ -93,7 +93,8 @@ class Attempts:
 
 @dataclass
 class Pending:
-    """A list to read for the check: ``flow(state)`` is the :data:`~.protocol.Flow` of its readings; the runner
+    """A list to read for the check: ``flow(state)`` is the :data:`~capcal_integrations.endpoints.calls.Flow` of
+    its readings; the runner
     (background, or the ranking itself: :meth:`take`) then calls :meth:`deliver` with its result or :meth:`failed`
     with its error, and :meth:`done` always (a list not delivered may be read again later)."""
 

@@ -24,7 +24,7 @@ from . import chat as chat_kind
 from . import hosted_completions, llamacpp, ollama, sglang, vllm
 from .answers import parse_tokens
 from .base import Kind, Lists, Query, TokenLogprobs, kind_of, optional, readable, tokenizer_of
-from .calls import Flow, Token
+from .calls import EndpointState, Flow, Token
 from .chat import CHAT_PREFILL
 from .hosted_chat import HOSTED_CHAT, generate
 from .hosted_completions import HOSTED_COMPLETIONS, text_next_tokens
@@ -34,6 +34,7 @@ from .sglang import SGLANG
 from .vllm import VLLM
 
 __all__ = ["Kind", "Query", "TokenLogprobs", "kind_of", "tokenizer_of", "tokenize", "span_ids", "server_facts",
+           "next_token_logprobs",
            "choose", "generate", "text_next_tokens", "SPAN_SEPARATOR", "LLAMACPP", "VLLM", "SGLANG", "CHAT_PREFILL", "OLLAMA",
            "HOSTED_CHAT", "HOSTED_COMPLETIONS"]
 
@@ -42,6 +43,18 @@ def tokenize(caps: Capabilities, texts: Sequence[str], *, text: bool = False) ->
     """Tokenize each text with the served model's own tokenizer (no special tokens); ``text=True``: each
     piece as the text it adds (vLLM's ``token_strs`` are the tokenizer's symbols, ``"Ġ["``, not text)."""
     return (yield from tokenizer_of(caps).tokenize(caps, texts, text=text))
+
+
+def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
+                        ) -> Flow[list[tuple[TokenLogprobs, float]]]:
+    """For each query: the wanted tokens found in the top-``top`` and the smallest logprob returned
+    (an upper bound for any token not returned), through the kind the probe chose (``kind.send``,
+    ``kind.read``). Queries on the same messages share one request where the endpoint takes prompt lists."""
+    caps = state.caps
+    assert caps is not None, "probe the endpoint first"
+    kind = kind_of(caps)
+    choices = yield from kind.send(state, queries, top)
+    return [kind.read(choice, q.want) for q, choice in zip(queries, choices)]
 
 
 def span_ids(caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:

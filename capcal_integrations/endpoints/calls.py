@@ -2,14 +2,17 @@
 :data:`Flow` (a generator that yields lists of calls and receives their decoded answers), the per-endpoint
 state (:class:`EndpointState`), and how messages and untrusted text go as chat messages.
 
-Free of I/O, like :mod:`.protocol`, which re-exports all of it (callers import it from there). They live
-apart so that the endpoint kinds (:mod:`.endpoints`) and :mod:`.protocol`, which calls them, can both build
-on them without importing each other.
+Free of I/O. Everything that talks to an endpoint is a :data:`Flow` that *yields* a list of :class:`Call`
+and *receives* the list of decoded JSON answers (or has an :class:`~capcal_integrations.errors.EndpointError`
+thrown into it); :mod:`~capcal_integrations.transport.drivers` feeds it with a sync or an async ``openai``
+client, so the sync and async APIs are the same code by construction (the shape of httpx's ``auth_flow``).
+The endpoint kinds build on these primitives; what they are asked through is
+:func:`~capcal_integrations.endpoints.next_token_logprobs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, MutableMapping
+from collections.abc import Callable, Generator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -59,21 +62,31 @@ class EndpointState:
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
     content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
-    routed: bool = False  # a view's: requests may reach more than one server (Options.routed; see .routing)
-    shared: EndpointState | None = field(default=None, repr=False, compare=False)  # a view's endpoint state
+    # a view's own, never the endpoint's (VIEW_FIELDS):
+    routed: bool = False  # requests may reach more than one server (Options.routed; see .routing)
+    background: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)  # reading runner
+    shared: EndpointState | None = field(default=None, repr=False, compare=False)  # the endpoint's state
 
-    def for_ranking(self, routed: bool = False) -> EndpointState:
+    def for_ranking(self, routed: bool = False, background: Callable[[Any], None] | None = None) -> EndpointState:
         """A view for one ranking: the endpoint's state, with the ranking's own rendered prompts over
-        the endpoint's bounded template cache. ``routed``: no slot pins, llama.cpp prompts as ids only."""
+        the endpoint's bounded template cache. ``routed``: no slot pins, llama.cpp prompts as ids only.
+        ``background``: where the content check hands a list to read off the request path (the reranker's
+        runner, called with a :class:`~capcal_integrations.content_check.attempts.Pending`), or None:
+        read inside the ranking."""
         endpoint = self.shared or self
-        return replace(endpoint, templates=RankingTemplates(endpoint.templates), routed=routed, shared=endpoint)
+        return replace(endpoint, templates=RankingTemplates(endpoint.templates), routed=routed, background=background,
+                       shared=endpoint)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # what a view learns about the endpoint (the probed capabilities, ...) is the endpoint's
         endpoint = self.__dict__.get("shared")
-        if endpoint is not None and name not in ("templates", "routed"):
+        if endpoint is not None and name not in VIEW_FIELDS:
             setattr(endpoint, name, value)
         object.__setattr__(self, name, value)
+
+
+#: The fields of an :class:`EndpointState` view that are its own; an assignment to any other is the endpoint's.
+VIEW_FIELDS = ("templates", "routed", "background", "shared")
 
 
 def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[str, str]]:

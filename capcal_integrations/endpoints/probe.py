@@ -1,4 +1,4 @@
-"""Find out, once per endpoint, what it can do: a :data:`~.protocol.Flow` of about seven small requests.
+"""Find out, once per endpoint, what it can do: a :data:`~capcal_integrations.endpoints.calls.Flow` of about seven small requests.
 
 The probe lists the models, finds the server's ``/tokenize`` dialect and ``/props``, and lets the endpoint
 kinds (:func:`~.endpoints.choose`) pick the cheapest exact way to read next-token log-probabilities after
@@ -25,7 +25,7 @@ from . import choose, kind_of, server_facts
 from .answers import malformed
 from .base import MAX_CONTEXT, MAX_SLOTS, MAX_TOP_LIMIT, optional  # noqa: F401 - re-exported
 from .base import count as _count
-from .protocol import Call, EndpointState, Flow
+from .calls import Call, EndpointState, Flow
 
 log = logging.getLogger(__name__)
 

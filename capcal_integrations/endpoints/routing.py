@@ -79,7 +79,7 @@ class ListRoute:
     def request(self, call: Call) -> tuple[dict[str, Any], dict[str, Any]]:
         """The body to send for ``call`` and the ``openai`` request options that add the header.
 
-        >>> from capcal_integrations.endpoints.protocol import Call
+        >>> from capcal_integrations.endpoints.calls import Call
         >>> route = ListRoute("X-Session-ID", "k1")
         >>> route.request(Call("POST", "/tokenize", {"content": "x"}, root=True))
         ({'content': 'x'}, {'headers': {'X-Session-ID': 'k1'}})

@@ -139,8 +139,8 @@ def make_record(job: Job, ranking: Ranking | None, seconds: float, model: str = 
                              "s": _r(first.scores)}
     if ranking.notes:
         rec["notes"] = list(ranking.notes)
-    rec.update(guarded=list(ranking.guarded), checked=list(ranking.checked), kept_given_order=ranking.kept_given_order,
-               ran=ranking.method)
+    kept = ranking.kept_given_order
+    rec.update(guarded=[0] if kept else [], checked=list(ranking.checked), kept_given_order=kept, ran=ranking.method)
     return rec
 
 

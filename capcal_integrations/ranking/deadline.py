@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..endpoints.protocol import Flow
+from ..endpoints.calls import Flow
 from ..types import Ranking
 
 __all__ = ["Deadline", "DeadlinePassed", "partial_order", "deadline_note", "deadline_skip_note", "within", "finish"]

@@ -21,9 +21,9 @@ from typing import Any
 from ..calibration.formulas import adaptive_alpha, calibrated, entropy, normalise_logprobs, shares
 from ..content_check.contrast import Reading
 from ..content_check.rules import DEFAULT_RULE, RULES, ContentRule
-from ..endpoints import kind_of
+from ..endpoints import generate, kind_of, tokenize
+from ..endpoints.calls import EndpointState, Flow, Token
 from ..endpoints.probe import route
-from ..endpoints.protocol import EndpointState, Flow, Token, generate, tokenize
 from ..options import Options
 from ..prompts.render import QUERY_PLACEHOLDER, labels, render_prompt
 from ..reading.labels import LabelScores, label_logprobs

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..endpoints import kind_of
-from ..endpoints.protocol import EndpointState, Flow, text_messages, tokenize
+from ..endpoints import kind_of, tokenize
+from ..endpoints.calls import EndpointState, Flow, text_messages
 from ..errors import InputError
 from ..options import Options
 from ..prompts.files import declared_tokens

@@ -1,6 +1,6 @@
 """Ranking strategies, written once and free of I/O.
 
-:func:`rerank_flow` is the whole of one reranking as a :data:`~.protocol.Flow`: it checks the input,
+:func:`rerank_flow` is the whole of one reranking as a :data:`~capcal_integrations.endpoints.calls.Flow`: it checks the input,
 answers a list of at most one passage without the endpoint, probes the endpoint on first use, fits
 the passages to its context, and runs the method. :mod:`.drivers` runs it with a sync or an async
 client. Methods:
@@ -34,8 +34,8 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..content_check.check import Pending, check_of
+from ..endpoints.calls import EndpointState, Flow
 from ..endpoints.probe import capabilities, route
-from ..endpoints.protocol import EndpointState, Flow
 from ..errors import CapabilityError, InputError
 from ..options import Options
 from ..types import Capabilities, Document, Ranking, Step, as_document
@@ -125,7 +125,7 @@ def _checked(state: EndpointState, opts: Options, query: str,
     top = texts[:opts.window]
     checked: tuple[int, ...] = ()
     failed: tuple[str, ...] = ()
-    runner = None if opts.check_wait else getattr(state, "background", None)
+    runner = None if opts.check_wait else state.background
     if check.verdict() is None and (ident := check.want(query, top, exclusive=runner is not None)):
         pending = Pending(check, lambda view: check_readings(view, opts, query, top, check.rule), opts.calibration, ident)
         if runner is not None:
@@ -140,7 +140,7 @@ def _checked(state: EndpointState, opts: Options, query: str,
     n = len(texts)
     note = verdict.note if verdict is not None else check.pending_note(len(top))
     return opts, Ranking(tuple(range(n)), rank_scores(list(range(n)), [0.0] * n), "given-order", notes=(note, *failed),
-                         guarded=(0,), decoded=0, checked=checked, kept_given_order=True), ()
+                         decoded=0, checked=checked, kept_given_order=True), ()
 
 
 def _cut_note(ranking: Ranking, opts: Options, how: str) -> tuple[str, ...]:

@@ -24,7 +24,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..endpoints.protocol import EndpointState, Flow, Query, Token, TokenLogprobs, next_token_logprobs
+from ..endpoints import Query, TokenLogprobs, next_token_logprobs
+from ..endpoints.calls import EndpointState, Flow, Token
 from ..errors import CapabilityError
 from ..prompts.render import Messages
 

@@ -31,8 +31,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..endpoints import kind_of
-from ..endpoints.protocol import Alternatives, EndpointState, Flow, Generated, generate
+from ..endpoints import generate, kind_of
+from ..endpoints.answers import Alternatives, Generated
+from ..endpoints.calls import EndpointState, Flow
 from ..errors import ResponseError
 from ..prompts.render import Messages
 from .labels import LabelScores, logsumexp

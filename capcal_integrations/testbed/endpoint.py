@@ -1,6 +1,6 @@
 """A simulated llama.cpp server, as an httpx transport: the library's whole path runs against it.
 
-It answers what :mod:`capcal_integrations.endpoints.probe` and :mod:`~capcal_integrations.endpoints.protocol` ask of llama.cpp's
+It answers what :mod:`capcal_integrations.endpoints.probe` and :mod:`~capcal_integrations.endpoints` ask of llama.cpp's
 server (``/v1/models`` owned by ``llamacpp``, ``/tokenize`` with ``with_pieces`` and ``parse_special``,
 ``/detokenize``, ``/apply-template``, ``/props``, ``/v1/completions`` with prompt lists mixing text and
 token ids, chat completions with a prefilled assistant turn), and reads every prompt back:

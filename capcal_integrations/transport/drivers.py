@@ -1,7 +1,8 @@
-"""The only code that does I/O: run a :data:`~.protocol.Flow` with an ``openai`` client.
+"""The only code that does I/O: run a :data:`~capcal_integrations.endpoints.calls.Flow` with an ``openai`` client.
 
 ``run_sync`` and ``run_async`` are the two short drivers; everything they run is written once in
-:mod:`.protocol` and :mod:`.strategies`. Retries (408/409/429/5xx with backoff) are the openai
+:mod:`~capcal_integrations.endpoints` and :mod:`~capcal_integrations.ranking.strategies`.
+Retries (408/409/429/5xx with backoff) are the openai
 client's own; what is left after them becomes a typed :mod:`.errors` exception, thrown into the flow
 (probing catches "unsupported" answers; everything else propagates to the caller). An answer that is not
 a JSON object, or whose ``usage`` is malformed, is a :class:`~.errors.ResponseError` thrown the same way.
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 import openai
 
 from ..endpoints.answers import excerpt, usage_of
-from ..endpoints.protocol import Call, Flow
+from ..endpoints.calls import Call, Flow
 from ..endpoints.routing import ListRoute
 from ..errors import EndpointError, EndpointTimeout, EndpointUnreachable, ResponseError, request_url
 from ..ranking.deadline import Deadline, DeadlinePassed
