@@ -49,7 +49,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations.content_check import rules  # noqa: E402
-from capcal_integrations.content_check.contrast import ALIGN_E, CAP, MIN_PASSAGES, Evidence, Reading  # noqa: E402
+from capcal_integrations.content_check.contrast import MIN_PASSAGES, Reading  # noqa: E402
+from capcal_integrations.content_check.evidence import ALIGN_E, CAP, Evidence  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 NULL_SCENARIOS = ("no-delta", "ties", "heavy-tails", "noise-scale-0.5", "noise-scale-1", "scale-1.5b", "shared-slots",

@@ -2,7 +2,7 @@
 
 Every decision is the library's own sequential test (``rules.RULES["query"]``: its orders, its per-query e-value
 :func:`~capcal_integrations.content_check.query_contrast.judge_scaled`, its
-:class:`~capcal_integrations.content_check.contrast.Evidence`) over
+:class:`~capcal_integrations.content_check.evidence.Evidence`) over
 queries drawn at random from a collection's BM25 lists, each read by the testbed's model
 (:mod:`capcal_integrations.testbed.model`) with the query and again query-free. A cell is a :class:`Cell`; its seeds
 are derived from its own name (no cell repeats another's draws).
@@ -48,7 +48,8 @@ sys.path.insert(0, str(HERE))
 from decisions import list_of, load_grades, upper_bound  # noqa: E402
 
 from capcal_integrations.content_check import query_contrast, rules  # noqa: E402
-from capcal_integrations.content_check.contrast import CAP, MIN_PASSAGES, Reading  # noqa: E402
+from capcal_integrations.content_check.contrast import MIN_PASSAGES, Reading  # noqa: E402
+from capcal_integrations.content_check.evidence import CAP  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
 
 RULE = rules.RULES["query"]

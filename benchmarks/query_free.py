@@ -40,16 +40,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
 from capcal_integrations.content_check import rules  # noqa: E402
-from capcal_integrations.content_check.contrast import (  # noqa: E402
-    CAP,
-    Reading,
-    agreement,
-    alignment,
-    estimates,
-    reading_orders,
-    share,
-    summary,
-)
+from capcal_integrations.content_check.contrast import Reading, agreement, alignment, estimates, reading_orders, share, summary  # noqa: E402
+from capcal_integrations.content_check.evidence import CAP  # noqa: E402
 from capcal_integrations.content_check.query_contrast import differences, estimate_pairs, judge  # noqa: E402
 from capcal_integrations.content_check.query_contrast import summary as query_summary  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402

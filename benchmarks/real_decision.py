@@ -30,7 +30,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.content_check.contrast import ALIGN_E, CAP, Evidence, Reading, agreement, alignment, summary  # noqa: E402
+from capcal_integrations.content_check.contrast import Reading, agreement, alignment, summary  # noqa: E402
+from capcal_integrations.content_check.evidence import ALIGN_E, CAP, Evidence  # noqa: E402
 from capcal_integrations.options import Options  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """The content check's power against its false "reads" on the real 1.5B, as the alignment evidence it needs varies.
 
 "reads" needs the agreement e-value at ``1 / LEVEL`` and the alignment e-value (``prod(1 + .95 * size * a)``) at
-``align_e`` (``capcal_integrations.content_check.contrast.Evidence``; the library's default :data:`ALIGN_E`). For each ``align_e``
+``align_e`` (``capcal_integrations.content_check.evidence.Evidence``; the library's default :data:`ALIGN_E`). For each ``align_e``
 swept this measures, with the same random draws for every value (common random numbers):
 
 * testbed power (``benchmarks/decisions.py``): "reads" within 12 queries at s = 1 and within 24 at s = .5;
@@ -37,7 +37,8 @@ sys.path.insert(0, str(HERE))
 from decisions import FOLLOWER, NULL_SCENARIOS, OWN, load_judged, one_decision, query_summaries, upper_bound  # noqa: E402
 from real_decision import _reading  # noqa: E402
 
-from capcal_integrations.content_check.contrast import ALIGN_E, CAP, LEVEL, Evidence, summary  # noqa: E402
+from capcal_integrations.content_check.contrast import summary  # noqa: E402
+from capcal_integrations.content_check.evidence import ALIGN_E, CAP, LEVEL, Evidence  # noqa: E402
 from capcal_integrations.testbed.measure import ndcg10  # noqa: E402
 
 ALIGN_ES = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
@@ -184,7 +185,7 @@ def report(res: dict) -> str:
         f"`{meta['command']}` — {meta['seconds']:.0f} s wall time ({meta['when']}, workers {meta['workers']}).", "",
         "# The content check: power on the testbed against false \"reads\" on the real 1.5B, by `align_e`", "",
         f"Data: {meta['data']} ({meta['queries']} queries; grades from its qrels). Every decision is "
-        f"`capcal_integrations.content_check.contrast.Evidence(cap={CAP}, align_e=...)`: \"reads\" needs the agreement "
+        f"`capcal_integrations.content_check.evidence.Evidence(cap={CAP}, align_e=...)`: \"reads\" needs the agreement "
         f"e-value at "
         f"{1 / LEVEL:g} and the alignment e-value at `align_e` (library default {ALIGN_E:g}; `align_e` = 0 drops the "
         "condition, 1 still needs the alignment e-value not to have fallen below 1). Testbed decisions: "

@@ -40,7 +40,7 @@ def test_a_plain_import_loads_the_core_alone():
     folders = {
         "": ("", "errors", "options", "option_values", "redaction", "reranker", "types"),
         "calibration": ("", "formulas", "strength", "tuning"),
-        "content_check": ("", "check", "decision", "judged", "attempts", "rules", "contrast", "query_contrast",
+        "content_check": ("", "check", "decision", "judged", "attempts", "rules", "contrast", "evidence", "query_contrast",
                           "saved_decisions", "saved_readings", "typed_json"),
         "transport": ("", "client", "drivers", "transfer"),
         "endpoints": ("", "base", "lists", "llamacpp", "vllm", "sglang", "ollama", "chat", "hosted_chat",

@@ -19,9 +19,6 @@ import pytest
 from capcal_integrations import InputError
 from capcal_integrations.content_check.check import ContentDecision, decision_key, load_decision
 from capcal_integrations.content_check.contrast import (
-    ALIGN_E,
-    CAP,
-    Evidence,
     Reading,
     agreement,
     alpha_of_readings,
@@ -30,6 +27,7 @@ from capcal_integrations.content_check.contrast import (
     reading_orders,
     summary,
 )
+from capcal_integrations.content_check.evidence import ALIGN_E, CAP, Evidence
 from capcal_integrations.content_check.rules import DEFAULT_RULE
 from capcal_integrations.endpoints.probe import fingerprint
 from capcal_integrations.options import Options

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from capcal_integrations.content_check.check import decision_key
-from capcal_integrations.content_check.contrast import Evidence, Reading, agreement
+from capcal_integrations.content_check.contrast import Reading, agreement
+from capcal_integrations.content_check.evidence import Evidence
 from capcal_integrations.content_check.query_contrast import (
     SCALES,
     differences,

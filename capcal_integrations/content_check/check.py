@@ -10,7 +10,7 @@ decided once, over the queries ranked, and cached on the endpoint state (:func:`
 state per key. **The default rule** (:mod:`.query_contrast`): each query's list (its top window, 4 passages or
 more) is read at the first step in four orders, with the query and without it; the agreement of two slot-free
 estimates of what the query adds to the same passage pairs is the query's score, and a sequential test over the
-queries (:class:`~.contrast.Evidence`) says "reads" or "does not read" as soon as the evidence is strong either
+queries (:class:`~.evidence.Evidence`) says "reads" or "does not read" as soon as the evidence is strong either
 way (false "reads" at most 1 %, at any number of looks), or "undecided" (treated as not reading) after
 ``check_lists`` queries.
 
@@ -42,8 +42,9 @@ from typing import Any
 
 from ..errors import InputError
 from .attempts import Attempts, Pending
-from .contrast import CAP, EFFECT, LEVEL, MIN_PASSAGES, MISS, Reading
+from .contrast import MIN_PASSAGES, Reading
 from .decision import KEY_OPTIONS, ContentDecision, Key, decision_key, load_decision
+from .evidence import CAP, EFFECT, LEVEL, MISS
 from .rules import DEFAULT_RULE, RULES, ContentRule
 
 # KEY_OPTIONS, Key, ContentDecision, decision_key, load_decision: .content_decision's, re-exported here

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..prompts.files import option_text
-from .contrast import LEVEL
+from .evidence import LEVEL
 from .rules import RULES
 from .typed_json import fields_of
 
@@ -68,7 +68,7 @@ class ContentDecision:
     key: Key
     level: float = LEVEL
     aligned: float = 1.0  # the queries' mean alignment with the first stage's order (contrast.alignment)
-    e_aligned: float = 1.0  # the evidence that it goes the first stage's way ("reads" needs contrast.ALIGN_E)
+    e_aligned: float = 1.0  # the evidence that it goes the first stage's way ("reads" needs evidence.ALIGN_E)
     judged: int = 0  # decided from this many judged queries (CapCalReranker.decide; :mod:`.judged`), 0: label-free
     gain: float = 0.0  # judged: the mean nDCG@10 gain of calibrating over the given order
     gain_low: float = 0.0  # judged: the lower end of its two-sided 95 % interval (> 0: calibrate)

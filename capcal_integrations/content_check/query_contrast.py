@@ -31,7 +31,7 @@ f_i`` plus noise, so ``d_i = (lambda - 1) f_i`` agrees from pair to pair though 
 therefore includes every such model: a query's e-value is the least, over ``lambda`` from 0.8 to 2 (:data:`SCALES`),
 of the sign-flip e-value of ``e_i - lambda f_i`` (:func:`judge_scaled`). At the model's own scale that is the
 e-value above (mean at most 1), and the least over the range is at most that one, so the product over queries is a
-test supermartingale (:class:`~.contrast.Evidence`) for any model whose with-query preference is its query-free one
+test supermartingale (:class:`~.evidence.Evidence`) for any model whose with-query preference is its query-free one
 scaled by a factor in that range (a factor that may change from query to query), plus noise and an effect alike in
 every pair.
 
@@ -227,7 +227,7 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
 
 
 def summary(reading: Reading) -> tuple[float, float, int, float]:
-    """``(score, alignment, pairs, e)`` of what the query adds, as :meth:`~.contrast.Evidence.add` takes them.
+    """``(score, alignment, pairs, e)`` of what the query adds, as :meth:`~.evidence.Evidence.add` takes them.
 
     A preference the query does not change counts for nothing; one it creates does:
 

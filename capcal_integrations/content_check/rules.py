@@ -14,7 +14,7 @@ A rule is four things (:class:`ContentRule`), and the engine asks nothing else o
 * ``summary(reading)``: what one query contributes, ``(score, alignment, slot pairs)``, and optionally its own
   e-value against "no content signal" (the query rule's: :func:`~.query_contrast.judge`);
 * ``evidence(cap)``: a fresh sequential test that pools the queries' summaries into a verdict
-  (``"reads"``, ``"does not read"``, ``"undecided"`` at the cap; :class:`~.contrast.Evidence`);
+  (``"reads"``, ``"does not read"``, ``"undecided"`` at the cap; :class:`~.evidence.Evidence`);
 * ``strength(readings, form=..., first_only=...)``: the ``alpha`` to calibrate with once it reads (label-free:
   :mod:`.strength`, the one choice of alpha, which :func:`~.tuning.choose_alpha` uses too).
 
@@ -36,12 +36,13 @@ from typing import Any
 from ..errors import InputError
 from ..option_values import is_finite
 from . import query_contrast
-from .contrast import MIN_PASSAGES, Evidence, Reading, alpha_of_readings, reading_orders, summary
+from .contrast import MIN_PASSAGES, Reading, alpha_of_readings, reading_orders, summary
+from .evidence import Evidence
 
 __all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBDAS", "QUERY_BET_PAIRS", "rule_named",
            "guard_value"]
 
-#: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.contrast.ALIGN_E`):
+#: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.evidence.ALIGN_E`):
 #: none; a model's own taste cancels in what the query adds (``benchmarks/results/decisions-query.md``).
 QUERY_ALIGN_E = 0.0
 #: Its betting fraction on "does not read" (the "reads" side multiplies each query's own e-value:

@@ -1,0 +1,163 @@
+"""The sequential test over queries: does a model read the passages, decided as the queries come.
+
+Each query contributes a score (:func:`~.contrast.agreement` of its four readings, or its own e-value from a
+rule that computes one) and an alignment with the first stage's order (:func:`~.contrast.alignment`).
+
+**The sequential test** (:class:`Evidence`): two e-processes (test martingales, each a mixture over
+betting fractions ``LAMBDAS`` of ``prod (1 + lambda * score)``) run over the queries in the order they
+come:
+
+* "reads" when ``mean_lambda prod (1 + lambda X_i)`` reaches ``1 / LEVEL``: without content (``E[X] = 0``)
+  it ever does with probability at most ``LEVEL``, however many queries are looked at (Ville's inequality);
+  and a third e-process, on the alignments against "they do not go the first stage's way" (mean alignment
+  at most 0; betting fractions :data:`ALIGN_LAMBDAS`, scaled down for lists of fewer than :data:`FULL_PAIRS`
+  slot pairs), has reached :data:`ALIGN_E` (a further condition: it can only lower the false-"reads" rate). A
+  model with strong, consistent preferences of its own that do not follow relevance (the packaged 0.5B and
+  1.5B: their alignments swing between -1 and +1 around a mean near .1) never builds this evidence;
+* "does not read" when ``mean_lambda prod (1 + lambda (EFFECT - X_i))`` reaches ``1 / MISS``: a model whose
+  queries score ``EFFECT`` or more on average is called a non-reader with probability at most ``MISS``; or
+  when the same process on the alignments against :data:`ALIGN_EFFECT` does (a model whose preferences do not
+  go the first stage's way);
+* neither after ``CAP`` queries: "does not read (undecided)".
+
+A rule that computes each query's own e-value (the query rule: :func:`.query_contrast.judge`) passes it to
+:meth:`Evidence.add`, and the "reads" side multiplies those instead of betting on the scores.
+
+One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``), so one loud list
+cannot decide alone. Measured on the testbed (``benchmarks/decisions.py``).
+
+Pure; no I/O. :mod:`.check` pools the queries' readings with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS", "ALIGN_EFFECT",
+           "Evidence"]
+
+#: The betting fractions mixed by both e-processes.
+LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
+#: False "reads" (a model without content signal called a reader) at most this, at any number of looks.
+LEVEL = 0.01
+#: False "does not read" for a model whose queries score at least :data:`EFFECT`, at most this.
+MISS = 0.05
+#: The smallest mean query score (:func:`agreement`) worth calibrating for: on the testbed a content slope of
+#: about 0.15 logits per relevance grade (0.2 scores about 0.5; ``benchmarks/decisions.py`` measures it).
+EFFECT = 0.4
+#: Queries after which an undecided check says "does not read (undecided)".
+CAP = 40
+#: "reads" also needs the e-process for "the content goes the first stage's way" at this: a model whose content
+#: goes neither way reaches it with probability at most 1/20. Chosen on ``benchmarks/decisions.py`` (the testbed's
+#: readers: within 24 queries at s = .5 in 92-96 % of top-20 runs) against ``benchmarks/real_decision.py`` (the
+#: packaged 0.5B's 43 DL19 readings: "reads" in no query order tried but 1.6 % of 500 random ones; 5: 3.8 %).
+ALIGN_E = 20.0
+#: The betting fraction of the alignment e-process (a high one: a model whose alignments swing between -1 and
+#: +1, as the packaged models' do, loses its evidence fast; a reader's, about .33 +- .34 a query on DL19, builds).
+ALIGN_LAMBDAS = (0.95,)
+#: Lists with fewer slot pairs than this bet proportionally less on their alignment (a short list's is noisier).
+FULL_PAIRS = 10
+#: The smallest mean alignment of a model worth calibrating (a content slope of about 0.1 per grade on the
+#: testbed's DL19 lists scores about .2): the evidence against it decides "does not read" too.
+ALIGN_EFFECT = 0.15
+
+@dataclass
+class Evidence:
+    """The sequential test's state over the queries seen so far (module docstring); :meth:`add` one score at a
+    time, then read :attr:`verdict`: ``"reads"``, ``"does not read"``, ``"undecided"`` (at :data:`CAP`) or
+    ``None`` (not yet).
+
+    >>> e = Evidence()
+    >>> while e.verdict is None:
+    ...     _ = e.add(0.9)
+    >>> e.verdict, e.queries, round(e.for_reads)
+    ('reads', 10, 162)
+    >>> e = Evidence()
+    >>> while e.verdict is None:
+    ...     _ = e.add(0.0)
+    >>> e.verdict, e.queries
+    ('does not read', 17)
+    """
+
+    level: float = LEVEL
+    miss: float = MISS
+    effect: float = EFFECT
+    cap: int = CAP
+    align_e: float = ALIGN_E  # the alignment evidence "reads" needs (a field so that benchmarks can sweep it)
+    lambdas: tuple[float, ...] = LAMBDAS  # the betting fractions of the agreement e-processes (each in (0, 1))
+    bet_pairs: int = 0  # lists of fewer slot pairs bet pairs / bet_pairs of the agreement bets (0: all bet the same)
+    scores: list[float] = field(default_factory=list)
+    alignments: list[float] = field(default_factory=list)
+    _reads: list[float] = field(default_factory=list, repr=False)
+    _not: list[float] = field(default_factory=list, repr=False)
+    _against: list[float] = field(default_factory=list, repr=False)
+    _along: list[float] = field(default_factory=lambda: [1.0] * len(ALIGN_LAMBDAS), repr=False)
+    verdict: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lambdas or not all(0.0 < lam < 1.0 for lam in self.lambdas):
+            raise ValueError(f"betting fractions must be in (0, 1), got {self.lambdas}")
+        for name in ("_reads", "_not", "_against"):
+            if not getattr(self, name):
+                setattr(self, name, [1.0] * len(self.lambdas))
+
+    @property
+    def queries(self) -> int:
+        return len(self.scores)
+
+    @property
+    def for_reads(self) -> float:
+        """The e-value against "no content signal" (``1 / level`` decides "reads")."""
+        return math.fsum(self._reads) / len(self._reads)
+
+    @property
+    def for_not(self) -> float:
+        """The e-value against "reads with at least :attr:`effect`" (``1 / miss`` decides "does not read")."""
+        return math.fsum(self._not) / len(self._not)
+
+    @property
+    def aligned(self) -> float:
+        """The queries' mean :func:`~.contrast.alignment` with the first stage's order (1 before any is known)."""
+        return math.fsum(self.alignments) / len(self.alignments) if self.alignments else 1.0
+
+    @property
+    def for_aligned(self) -> float:
+        """The e-value against "the content does not go the first stage's way" (:data:`ALIGN_E` is needed for
+        "reads"; infinite when no alignment was given)."""
+        return math.fsum(self._along) / len(self._along) if self.alignments else math.inf
+
+    @property
+    def against_alignment(self) -> float:
+        """The e-value against "the mean alignment is at least :data:`ALIGN_EFFECT`"."""
+        return math.fsum(self._against) / len(self._against)
+
+    def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS, e: float | None = None
+            ) -> str | None:
+        """Pool one query's score (and its :func:`~.contrast.alignment`, from a list of ``pairs`` slot pairs); the verdict
+        once there is one (later scores are ignored). A rule that computes the query's own e-value against "no
+        content signal" (mean at most 1 without it: :func:`.query_contrast.judge`) passes it as ``e``; the
+        "reads" side then multiplies by it instead of betting on the score."""
+        if self.verdict is not None:
+            return self.verdict
+        x = max(-1.0, min(1.0, float(score)))
+        self.scores.append(x)
+        if aligned is not None:
+            a = max(-1.0, min(1.0, float(aligned)))
+            self.alignments.append(a)
+            self._against = [k * (1.0 + lam * (ALIGN_EFFECT - a) / (1.0 + ALIGN_EFFECT))
+                             for k, lam in zip(self._against, self.lambdas)]
+            size = min(1.0, max(1, pairs) / FULL_PAIRS)  # known before the score: a predictable bet
+            self._along = [k * (1.0 + size * lam * a) for k, lam in zip(self._along, ALIGN_LAMBDAS)]
+        bet = min(1.0, max(1, pairs) / self.bet_pairs) if self.bet_pairs else 1.0  # known before the score: predictable
+        scale = bet / (1.0 + self.effect)  # keeps 1 + lambda * (effect - x) > 0
+        self._reads = ([k * max(0.0, float(e)) for k in self._reads] if e is not None
+                       else [k * (1.0 + bet * lam * x) for k, lam in zip(self._reads, self.lambdas)])
+        self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, self.lambdas)]
+        if self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e:
+            self.verdict = "reads"
+        elif self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss:
+            self.verdict = "does not read"
+        elif self.queries >= self.cap:
+            self.verdict = "undecided"
+        return self.verdict
