@@ -19,8 +19,9 @@ from typing import Any
 
 import openai
 
-from .content_check.check import ContentDecision, Pending, adopt, decision_of
+from .content_check.check import ContentDecision, Pending
 from .content_check.judged import arank_judged, judged_triples, label_decision, rank_judged
+from .content_check.registry import adopt, decision_of
 from .content_check.saved_decisions import Store
 from .endpoints.calls import EndpointState
 from .endpoints.probe import capabilities
@@ -69,7 +70,7 @@ class CapCalReranker:
         self._state = EndpointState(model or os.environ.get("CAPCAL_MODEL"))
         self._limits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # decisions kept across processes (.saved_decisions), in the folder of the environment when it was made
-        object.__setattr__(self._state, "decisions", Store.here())
+        self._state.decisions = Store.here()
         # the content check's readings run on one thread of this endpoint's (shared by with_options copies), over
         # the sync client, or where a transport was given for async alone, over it on the thread's own event loop
         self._readings = _Readings()

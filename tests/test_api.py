@@ -40,8 +40,8 @@ def test_a_plain_import_loads_the_core_alone():
     folders = {
         "": ("", "errors", "options", "option_values", "redaction", "reranker", "types"),
         "calibration": ("", "formulas", "strength", "tuning"),
-        "content_check": ("", "check", "decision", "judged", "attempts", "rules", "contrast", "evidence", "query_contrast",
-                          "saved_decisions", "saved_readings", "typed_json"),
+        "content_check": ("", "check", "registry", "decision", "judged", "attempts", "rules", "contrast", "evidence",
+                          "query_contrast", "saved_decisions", "saved_readings", "typed_json"),
         "transport": ("", "client", "drivers", "transfer"),
         "endpoints": ("", "base", "lists", "llamacpp", "vllm", "sglang", "ollama", "chat", "hosted_chat",
                       "hosted_completions", "controls", "probe", "calls", "answers", "caches", "routing",

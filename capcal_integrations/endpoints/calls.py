@@ -62,6 +62,7 @@ class EndpointState:
     slots: SlotPins = field(default_factory=SlotPins)
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
     content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
+    decisions: Any = field(default=None, repr=False, compare=False)  # the reranker's decision store (saved_decisions.Store)
     # a view's own, never the endpoint's (VIEW_FIELDS):
     routed: bool = False  # requests may reach more than one server (Options.routed; see .routing)
     background: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)  # reading runner

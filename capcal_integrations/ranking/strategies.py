@@ -33,7 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from ..content_check.check import Pending, check_of
+from ..content_check.check import Pending
+from ..content_check.registry import check_of
 from ..endpoints.calls import EndpointState, Flow
 from ..endpoints.probe import capabilities, route
 from ..errors import CapabilityError, InputError
