@@ -6,10 +6,8 @@ this module only holds configuration and that state."""
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import os
-import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +28,7 @@ from .errors import InputError
 from .options import Options, option_docs
 from .ranking.progress import Watched
 from .ranking.strategies import rerank_flow
+from .transport.background import BackgroundReadings
 from .transport.client import Clients
 from .transport.drivers import run_async, run_sync, together
 from .types import Capabilities, Ranking, Usage
@@ -37,8 +36,6 @@ from .types import Capabilities, Ranking, Usage
 __all__ = ["CapCalReranker"]
 
 log = logging.getLogger("capcal_integrations")
-_closing = threading.Event()  # set at interpreter exit: background readings not started are dropped
-atexit.register(_closing.set)
 
 
 class CapCalReranker:
@@ -73,7 +70,7 @@ class CapCalReranker:
         self._state.decisions = Store.here()
         # the content check's readings run on one thread of this endpoint's (shared by with_options copies), over
         # the sync client, or where a transport was given for async alone, over it on the thread's own event loop
-        self._readings = _Readings()
+        self._readings = BackgroundReadings()
         self._readings_in_thread = (client is not None or http_client is not None
                                     or (async_client is None and async_http_client is None))
 
@@ -179,8 +176,9 @@ class CapCalReranker:
 
     def _read_in_thread(self, pending: Pending) -> None:
         """Take a content-check reading off the request path: on this endpoint's reading thread
-        (:class:`_Readings`), over the sync client, or over the async client on the thread's own event loop
-        where only an async transport was given (a caller's loop may close under a task: ``asyncio.run`` per call)."""
+        (:class:`~.transport.background.BackgroundReadings`), over the sync client, or over the async client on
+        the thread's own event loop where only an async transport was given (a caller's loop may close under a
+        task: ``asyncio.run`` per call)."""
         readings = self._readings
 
         def work() -> None:
@@ -241,65 +239,6 @@ class CapCalReranker:
         o = self.options
         prompts = (2 if o.calibrated else 1) * (o.m if o.method == "psc" else 1)
         return max(1, caps.slots // prompts)
-
-
-class _Readings:
-    """The content check's readings of one endpoint state (a reranker and its ``with_options`` copies), off the
-    request path: one daemon thread, however many option variants, one reading at a time, at most
-    :data:`QUEUED` waiting (a list handed over beyond that is dropped, and may be read later). The thread ends after
-    :data:`IDLE` seconds without work. A reading that raises is the check's to count (``pending.failed``: retried
-    later with backoff, one WARNING)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue[tuple[Callable[[], None], Pending]] = queue.Queue(maxsize=QUEUED)
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, work: Callable[[], None], pending: Pending) -> None:
-        if _closing.is_set():
-            pending.done()
-            return
-        try:
-            self._queue.put_nowait((work, pending))
-        except queue.Full:
-            pending.done()
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="capcal-content-check", daemon=True)
-                self._thread.start()
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The reading thread's own event loop (made on first use; called on that thread only)."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop
-
-    def _run(self) -> None:
-        while True:
-            try:
-                work, pending = self._queue.get(timeout=IDLE)
-            except queue.Empty:
-                with self._lock:
-                    if self._queue.empty():
-                        self._thread = None
-                        if self._loop is not None:
-                            self._loop.close()
-                            self._loop = None
-                        return
-                continue
-            try:
-                if not _closing.is_set():
-                    work()
-            except Exception as err:  # noqa: BLE001 - a reading is best effort: the check counts it and tries later
-                pending.failed(err)
-            finally:
-                pending.done()
-
-
-#: Readings waiting for an endpoint's reading thread at most; seconds it waits for one before it ends.
-QUEUED, IDLE = 4, 30.0
 
 
 def _with_usage(ranking: Ranking, usage: Usage) -> Ranking:

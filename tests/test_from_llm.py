@@ -18,7 +18,7 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_openai import ChatOpenAI, OpenAI
 
 from capcal_integrations import InputError
-from capcal_integrations.integrations.adapter import clients_of
+from capcal_integrations.integrations.llm_clients import clients_of
 from langchain_ext import CapCalRerank as LangChainRerank
 from llamaindex_ext import CapCalRerank as LlamaIndexRerank
 from tests.fake_endpoint import httpx2, make_handler
