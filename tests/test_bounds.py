@@ -23,7 +23,7 @@ from capcal_integrations import CapCalReranker
 from capcal_integrations.endpoints.calls import Call
 from capcal_integrations.endpoints.probe import probe
 from capcal_integrations.endpoints.slots import SlotPins
-from capcal_integrations.errors import ResponseError
+from capcal_integrations.errors import EndpointTimeout, EndpointUnreachable, ResponseError
 from capcal_integrations.ranking.deadline import DeadlinePassed
 from capcal_integrations.transport.drivers import run_async, run_sync
 from capcal_integrations.transport.transfer import MAX_BODY
@@ -282,3 +282,51 @@ def test_a_40_mb_error_answer_makes_an_error_under_100_kb(serve, mode):
     assert err.value.status == 500 and "HTTP 500" in str(err.value) and len(str(err.value)) < 600
     assert err.value.url.endswith("/v1/completions")  # the URL is kept without the openai error it came from
     assert _kept(err.value) < 100 * 2**10, _kept(err.value)
+
+
+# --------------------------------------------------------------------------- an answer cut or stalled mid-body
+
+
+def _raw_server(stall: float) -> tuple[str, Callable[[], None]]:
+    """A loopback server that sends headers promising 1,000 bytes and 10 of them, then stalls for ``stall``
+    seconds and closes the connection: the body is cut (stall 0) or stops coming (a read timeout first)."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                             b'{"object":')
+                stop.wait(stall)
+
+    threading.Thread(target=run, daemon=True).start()
+
+    def close() -> None:
+        stop.set()
+        listener.close()
+
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/v1", close
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("stall,error,said", [(0.0, EndpointUnreachable, "the connection broke while reading the answer"),
+                                              (5.0, EndpointTimeout, "the answer stopped coming")])
+def test_an_answer_cut_or_stalled_mid_body_is_a_typed_endpoint_error(mode, stall, error, said):
+    url, close = _raw_server(stall)
+    try:
+        with pytest.raises(error, match=said):
+            if mode == "sync":
+                run_sync(_one_call(), openai.OpenAI(base_url=url, api_key="x", timeout=0.5, max_retries=0))
+            else:
+                client = openai.AsyncOpenAI(base_url=url, api_key="x", timeout=0.5, max_retries=0)
+                asyncio.run(run_async(_one_call(), client, asyncio.Semaphore(1)))
+    finally:
+        close()

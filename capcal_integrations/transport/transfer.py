@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from ..endpoints.answers import excerpt
@@ -89,16 +90,24 @@ def _exchange(client: Any, method: str, url: str, body: Any, options: Mapping[st
               stop: Callable[[], bool] | None = None) -> Any:
     kwargs = {"body": body} if method == "POST" else {}
     response = getattr(client, method.lower())(url, cast_to=httpx2.Response, options=_streamed(options), **kwargs)
+    try:
+        with _reading(where):
+            return decode(_collect(response.iter_bytes(), where, stop), where)
+    finally:
+        response.close()
+
+
+@contextmanager
+def _reading(where: str) -> Iterator[None]:
+    """The transport's errors while an answer is read, as the library's: a timeout, or a broken connection."""
     timeouts, failures = _transport_errors()
     try:
-        return decode(_collect(response.iter_bytes(), where, stop), where)
+        yield
     except timeouts as err:
         raise EndpointTimeout(f"{where}: the answer stopped coming ({type(err).__name__})") from None
     except failures as err:
         raise EndpointUnreachable(f"{where}: the connection broke while reading the answer ({type(err).__name__})"
                                   ) from None
-    finally:
-        response.close()
 
 
 def send(client: Any, method: str, url: str, body: Any, options: Mapping[str, Any], where: str,
@@ -133,17 +142,12 @@ async def asend(client: Any, method: str, url: str, body: Any, options: Mapping[
     kwargs = {"body": body} if method == "POST" else {}
     response = await getattr(client, method.lower())(url, cast_to=httpx2.Response, options=_streamed(options),
                                                       **kwargs)
-    timeouts, failures = _transport_errors()
     try:
-        data = bytearray()
-        async for chunk in response.aiter_bytes():
-            _grow(data, chunk, where)
-        return decode(data, where)
-    except timeouts as err:
-        raise EndpointTimeout(f"{where}: the answer stopped coming ({type(err).__name__})") from None
-    except failures as err:
-        raise EndpointUnreachable(f"{where}: the connection broke while reading the answer ({type(err).__name__})"
-                                  ) from None
+        with _reading(where):
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                _grow(data, chunk, where)
+            return decode(data, where)
     finally:
         await response.aclose()
 
