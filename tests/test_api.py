@@ -48,7 +48,7 @@ def test_a_plain_import_loads_the_core_alone():
                       "slots"),
         "prompts": ("", "render", "untrusted", "files"),
         "ranking": ("", "strategies", "decoding", "fitting", "depth", "deadline", "progress", "orders"),
-        "reading": ("", "labels", "textlabels"),
+        "reading": ("", "readers", "labels", "textlabels"),
     }
     core = {".".join(p for p in (folder, m) if p) for folder, names in folders.items() for m in names}
     assert set(ours) == {"capcal_integrations" + (f".{m}" if m else "") for m in core}, ours

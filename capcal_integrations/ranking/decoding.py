@@ -23,10 +23,10 @@ from ..content_check.contrast import Reading
 from ..content_check.rules import DEFAULT_RULE, RULES, ContentRule
 from ..endpoints import generate, kind_of, tokenize
 from ..endpoints.calls import EndpointState, Flow, Token
-from ..endpoints.probe import route
 from ..options import Options
 from ..prompts.render import QUERY_PLACEHOLDER, labels, render_prompt
 from ..reading.labels import LabelScores, label_logprobs
+from ..reading.readers import Reader, reader_of
 from ..reading.textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
 from ..types import Step
 from .deadline import DeadlinePassed
@@ -72,23 +72,40 @@ def _label_spellings(opts: Options, label: str, first: bool) -> list[str]:
     return [("" if first else " ") + label]
 
 
-def _label_scores(state: EndpointState, opts: Options, way: str, streams: Sequence[Any], allowed: Sequence[str],
+def _label_scores(state: EndpointState, opts: Options, reader: Reader, streams: Sequence[Any], allowed: Sequence[str],
                   chosen: Sequence[str]) -> Flow[list[LabelScores]]:
-    """Each allowed label's log-probability after the ``chosen`` ones, for each stream's messages, read
-    the endpoint's way (:func:`~.probe.route`): by the served model's tokens after the prefix, by token
-    strings after a text prompt, or from the model's answer (first step only)."""
+    """Each allowed label's log-probability after the ``chosen`` ones, for each stream's messages, read the
+    endpoint's way (its :class:`~capcal_integrations.reading.readers.Reader`): by the served model's tokens after
+    the prefix, by token strings after a text prompt, or from the model's answer (first step only)."""
+    return (yield from _READ[reader.route](state, opts, streams, allowed, chosen))
+
+
+def _by_token_ids(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
+                  chosen: Sequence[str]) -> Flow[list[LabelScores]]:
     first = not chosen
-    if way == "prefix":
-        prefix = _tokens(state, _prefix_spellings(opts, chosen))
-        paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
-        return (yield from label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability,
-                                          top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt))
-    if way == "text":  # what each stream's reads continue, as the endpoint kind renders it; then the prefix
-        texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
-        contexts = [kind_of(state.caps).text_context(state, m, opts.prompt) for m in streams]
-        return (yield from text_label_logprobs(state, contexts, texts, prefix="".join(_prefix_spellings(opts, chosen)),
-                                               form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
+    prefix = _tokens(state, _prefix_spellings(opts, chosen))
+    paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
+    return (yield from label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability,
+                                      top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt))
+
+
+def _by_token_texts(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
+                    chosen: Sequence[str]) -> Flow[list[LabelScores]]:
+    """What each stream's reads continue, as the endpoint kind renders it; then the prefix."""
+    first = not chosen
+    texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
+    contexts = [kind_of(state.caps).text_context(state, m, opts.prompt) for m in streams]
+    return (yield from text_label_logprobs(state, contexts, texts, prefix="".join(_prefix_spellings(opts, chosen)),
+                                           form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
+
+
+def _from_answer(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
+                 chosen: Sequence[str]) -> Flow[list[LabelScores]]:
     return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
+
+
+#: How each route's reader reads identifier probabilities (the one table; readers.READERS says what each can do).
+_READ = {"prefix": _by_token_ids, "text": _by_token_texts, "generation": _from_answer}
 
 
 @dataclass(frozen=True)
@@ -103,9 +120,9 @@ class Window:
     partial: bool = False  # the deadline passed: places from `decoded` on are as given
 
 
-def _learn_label_tokens(state: EndpointState, opts: Options, way: str, ids: Sequence[str]) -> Flow[None]:
+def _learn_label_tokens(state: EndpointState, opts: Options, reader: Reader, ids: Sequence[str]) -> Flow[None]:
     """The served model's tokens of every spelling the prefixes and identifiers are built from (once)."""
-    spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if way == "prefix" else []
+    spellings = [s for s in _spellings(opts, ids) if s not in state.label_tokens] if reader.token_ids else []
     if spellings:
         text = kind_of(state.caps).prefix_as_text  # its tokens' pieces as text, where the prefix goes as text
         for spelling, tokens in zip(spellings, (yield from tokenize(state.caps, spellings, text=text))):
@@ -120,12 +137,12 @@ def check_readings(state: EndpointState, opts: Options, query: str, texts: list[
     prompt's, in one round of requests."""
     n = len(texts)
     ids = labels(n, opts.labels)
-    way = route(state.caps, opts.prompt)
-    yield from _learn_label_tokens(state, opts, way, ids)
+    reader = reader_of(state.caps, opts.prompt)
+    yield from _learn_label_tokens(state, opts, reader, ids)
     asked = (query, QUERY_PLACEHOLDER) if rule.query_free else (query,)
     streams = [render_prompt(opts.template, q, [texts[i] for i in order], ids) for q in asked for order in rule.orders(n)]
     streams.append(render_prompt(opts.template, query, [opts.placeholder] * n, ids))
-    scored = yield from _label_scores(state, opts, way, streams, ids, [])
+    scored = yield from _label_scores(state, opts, reader, streams, ids, [])
     return Reading(tuple(tuple(x.logprobs) for x in scored[:-1]), tuple(scored[-1].logprobs))
 
 
@@ -136,16 +153,16 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     ids = labels(n, opts.labels)
     real = render_prompt(opts.template, query, texts, ids)
     empty = render_prompt(opts.template, query, [opts.placeholder] * n, ids) if opts.calibrated else None
-    way = route(state.caps, opts.prompt)
-    if way == "generation" and not first_only:
+    reader = reader_of(state.caps, opts.prompt)
+    if not reader.steps and not first_only:
         return (yield from generated_window(state, real, ids, depth))
-    yield from _learn_label_tokens(state, opts, way, ids)
+    yield from _learn_label_tokens(state, opts, reader, ids)
     remaining, chosen_labels = list(range(n)), []
     order, confidence, steps, prior, bounds = [], [0.0] * n, [], None, 0
     while len(remaining) > 1 and (depth is None or len(order) < depth):
         streams = [real] + ([empty] if empty else [])
         try:
-            scored = yield from _label_scores(state, opts, way, streams, [ids[i] for i in remaining], chosen_labels)
+            scored = yield from _label_scores(state, opts, reader, streams, [ids[i] for i in remaining], chosen_labels)
         except DeadlinePassed:  # what is decided so far (.deadline)
             return Window(order + remaining, confidence, steps, prior, bounds, decoded=len(order), partial=True)
         # renormalised over the labels: entropy, the adaptive rate and the prior always use these

@@ -36,9 +36,10 @@ from typing import Any
 from ..content_check.check import Pending
 from ..content_check.registry import check_of
 from ..endpoints.calls import EndpointState, Flow
-from ..endpoints.probe import capabilities, route
+from ..endpoints.probe import capabilities
 from ..errors import CapabilityError, InputError
 from ..options import Options
+from ..reading.readers import reader_of
 from ..types import Capabilities, Document, Ranking, Step, as_document
 from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, partial_order, within
 from .decoding import check_readings, rank_window
@@ -94,7 +95,7 @@ def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document
             return dataclasses.replace(kept, notes=(*notes, *kept.notes))
         notes = [*check_notes, *notes]
         ranking = yield from _sliding(state, opts, query, texts, clock)
-        how = "their given order" if route(caps, opts.prompt) == "generation" else "the last decoded step's scores"
+        how = reader_of(caps, opts.prompt).below_depth
         return dataclasses.replace(ranking, notes=(*notes, *ranking.notes, *_cut_note(ranking, opts, how)))
     rng = random.Random(opts.seed)
     shuffles = [rng.sample(range(n), n) for _ in range(opts.m)]
@@ -159,22 +160,19 @@ def _resolve(state: EndpointState, caps: Capabilities, opts: Options) -> Options
     :class:`~.errors.CapabilityError` naming those that can: ``capcal`` without a prefix to continue
     (``first-token-capcal``), any probability-reading method without log-probabilities (``vanilla``,
     ``psc``: the answers alone)."""
-    way = route(caps, opts.prompt)
-    if way == "generation" and not caps.logprobs and opts.method not in ("vanilla", "psc"):
+    reader = reader_of(caps, opts.prompt)
+    if not reader.steps and not caps.logprobs and opts.method not in ("vanilla", "psc"):
         raise CapabilityError(
             f"method={opts.method!r} reads identifier probabilities, and this endpoint's chat completions return no "
             "log-probabilities (logprobs/top_logprobs); method='vanilla' or 'psc' rank from its answers alone, "
             "without calibration", missing="logprobs", alternatives=("vanilla", "psc"))
     if opts.method == "auto":
-        method = "capcal" if way != "generation" else "first-token-capcal"
-        if ("auto", way) not in state.announced:
-            state.announced.add(("auto", way))
-            why = ("it continues an assistant prefix" if way == "prefix" else
-                   f"its /v1/completions continues a prompt rendered here ({opts.prompt})" if way == "text" else
-                   "it cannot continue an assistant prefix, so the first identifier of the model's answer is read")
-            log.info("capcal: method auto runs %s on %s: %s", method, caps.model, why)
+        method = reader.auto_method
+        if ("auto", reader.route) not in state.announced:
+            state.announced.add(("auto", reader.route))
+            log.info("capcal: method auto runs %s on %s: %s", method, caps.model, reader.why_auto.format(prompt=opts.prompt))
         return opts.replace(method=method)
-    if opts.method == "capcal" and way == "generation":
+    if opts.method == "capcal" and not reader.steps:
         raise CapabilityError(
             "method='capcal' decodes step by step after an assistant prefix, which this endpoint cannot continue "
             "(no assistant prefill and no text /v1/completions); method='first-token-capcal' reads the calibrated "
@@ -253,7 +251,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str],
             decoded = min(result.decoded, n if decoded is None else decoded)
     for i in order[n if decoded is None else decoded:]:
         confidence[i] = 0.0  # not decided
-    if bounds and route(state.caps, opts.prompt) == "generation":
+    if bounds and not reader_of(state.caps, opts.prompt).steps:
         notes.append(f"{bounds} identifier probabilities are estimates (counted in upper_bounds): the model's answer "
                      "did not pass through a token they share, or they were outside its top log-probabilities (a "
                      "tokenizer that splits numbers into digits shares '1' among [1] and [10]..[19]); window=9 "
