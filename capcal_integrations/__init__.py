@@ -5,6 +5,7 @@
 >>> # rr.rerank("how long do fleas live", passages).order
 """
 
+from . import _moved
 from . import errors as _errors
 from .calibration.formulas import adaptive_alpha, calibrate, calibrate_log, entropy
 from .calibration.tuning import AlphaChoice, achoose_alpha, choose_alpha
@@ -16,6 +17,8 @@ from .reranker import CapCalReranker
 from .types import Capabilities, Document, Ranking, Step, Usage
 
 __version__ = "0.1.0"
+
+_moved.install()  # the module paths before the folders still import, with a FutureWarning
 
 __all__ = [
     "CapCalReranker",

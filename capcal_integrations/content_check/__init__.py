@@ -9,3 +9,9 @@ retried with backoff), one place that sets a decision. ``judged.py`` decides fro
 (``ContentDecision``, its key); ``saved_decisions.py`` and ``saved_readings.py`` keep decisions and
 checks in progress across processes (the only I/O here), read back as data by ``typed_json.py``.
 """
+
+
+def __getattr__(name: str) -> object:  # the names of the module this folder replaced (capcal_integrations.content_check)
+    from .._moved import forwarded
+
+    return forwarded(__name__, __name__, f"{__name__}.check", name)
