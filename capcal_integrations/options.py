@@ -40,13 +40,32 @@ from .prompts.render import (
     resolve_template,
 )
 
-__all__ = ["Options", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
+__all__ = ["Options", "Method", "METHOD_TABLE", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
 
-#: Every ranking method of the engine. ``auto`` runs ``capcal`` where the endpoint can continue an
-#: assistant prefix and ``first-token-capcal`` where it cannot (hosted chat APIs).
-METHODS = ("auto", "capcal", "vanilla", "first-token", "first-token-capcal", "psc")
+@dataclass(frozen=True)
+class Method:
+    """What a ranking method does, so that the flows ask it rather than compare names: ``calibrated``: it runs
+    the content-free prompt and calibrates against it; ``first_only``: it reads the first decoding step only
+    (one request per window); ``answers_suffice``: where an endpoint returns no log-probabilities it can still
+    rank from the model's answers alone; ``shuffles``: permutation self-consistency (``m`` shuffled rankings, Borda)."""
+
+    name: str
+    calibrated: bool
+    first_only: bool = False
+    answers_suffice: bool = False
+    shuffles: bool = False
+
+
+#: Every ranking method of the engine, by name (the one table). ``auto`` runs ``capcal`` where the endpoint can
+#: continue an assistant prefix and ``first-token-capcal`` where it cannot (hosted chat APIs).
+METHOD_TABLE = {m.name: m for m in (
+    Method("auto", calibrated=True), Method("capcal", calibrated=True),
+    Method("vanilla", calibrated=False, answers_suffice=True),
+    Method("first-token", calibrated=False, first_only=True), Method("first-token-capcal", calibrated=True, first_only=True),
+    Method("psc", calibrated=False, answers_suffice=True, shuffles=True))}
+METHODS = tuple(METHOD_TABLE)
 #: The methods that run the content-free prompt and calibrate against it.
-CALIBRATED_METHODS = frozenset({"auto", "capcal", "first-token-capcal"})
+CALIBRATED_METHODS = frozenset(name for name, m in METHOD_TABLE.items() if m.calibrated)
 
 
 #: Named bundles of options. ``release`` reproduces the CapCal authors' code (GitHub
@@ -224,6 +243,11 @@ class Options:
     def calibrated(self) -> bool:
         """Whether the method runs the content-free prompt."""
         return self.method in CALIBRATED_METHODS
+
+    @property
+    def how(self) -> Method:
+        """What the method does (:data:`METHOD_TABLE`)."""
+        return METHOD_TABLE[self.method]
 
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes``; an unknown name is an :class:`~.errors.InputError` listing the known ones.

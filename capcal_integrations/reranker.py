@@ -237,7 +237,7 @@ class CapCalReranker:
         if not caps.slots:
             return 1 << 30
         o = self.options
-        prompts = (2 if o.calibrated else 1) * (o.m if o.method == "psc" else 1)
+        prompts = (2 if o.calibrated else 1) * (o.m if o.how.shuffles else 1)
         return max(1, caps.slots // prompts)
 
 

@@ -66,3 +66,16 @@ def test_the_retired_ranking_fields_still_read_with_a_future_warning():
             assert ranking.agreement == ()
     with pytest.raises(TypeError):
         capcal_integrations.Ranking((0,), (1.0,), guarded=(0,))  # no longer a field: nothing sets it
+
+
+def test_the_method_table_keeps_the_names_and_says_what_each_does():
+    """Issue 37: method names dispatch through one table (options.METHOD_TABLE); the names and their order are
+    the public METHODS, unchanged."""
+    from capcal_integrations.options import CALIBRATED_METHODS, METHOD_TABLE
+
+    assert capcal_integrations.METHODS == ("auto", "capcal", "vanilla", "first-token", "first-token-capcal", "psc")
+    assert CALIBRATED_METHODS == {"auto", "capcal", "first-token-capcal"}
+    assert {m for m, how in METHOD_TABLE.items() if how.first_only} == {"first-token", "first-token-capcal"}
+    assert {m for m, how in METHOD_TABLE.items() if how.answers_suffice} == {"vanilla", "psc"}
+    assert {m for m, how in METHOD_TABLE.items() if how.shuffles} == {"psc"}
+    assert capcal_integrations.Options(method="psc").how.shuffles and not capcal_integrations.Options().how.first_only

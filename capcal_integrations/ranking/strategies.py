@@ -89,7 +89,7 @@ def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document
     opts = _resolve(state, caps, opts)
     query = cleaned(opts, query)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
     texts, notes = yield from fit(state, opts, query, docs)
-    if opts.method != "psc":
+    if not opts.how.shuffles:
         opts, kept, check_notes = yield from _checked(state, opts, query, texts)
         if kept is not None:
             return dataclasses.replace(kept, notes=(*notes, *kept.notes))
@@ -121,7 +121,7 @@ def _checked(state: EndpointState, opts: Options, query: str,
     for the check is handed to ``state.background`` (the reranker's runner), or read here with
     ``check_wait`` (or where no runner is set), when the check wants it (:meth:`~.content_check.ContentCheck.want`)."""
     check = check_of(state, opts)
-    first_only = opts.method.startswith("first-token")
+    first_only = opts.how.first_only
     if check is None:
         return opts, None, ()
     top = texts[:opts.window]
@@ -161,7 +161,7 @@ def _resolve(state: EndpointState, caps: Capabilities, opts: Options) -> Options
     (``first-token-capcal``), any probability-reading method without log-probabilities (``vanilla``,
     ``psc``: the answers alone)."""
     reader = reader_of(caps, opts.prompt)
-    if not reader.steps and not caps.logprobs and opts.method not in ("vanilla", "psc"):
+    if not reader.steps and not caps.logprobs and not opts.how.answers_suffice:
         raise CapabilityError(
             f"method={opts.method!r} reads identifier probabilities, and this endpoint's chat completions return no "
             "log-probabilities (logprobs/top_logprobs); method='vanilla' or 'psc' rank from its answers alone, "
@@ -218,7 +218,7 @@ def parallel(flows: Sequence[Flow]) -> Flow[list]:
 def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str],
              clock: Deadline | None = None) -> Flow[Ranking]:
     n = len(texts)
-    first_only = opts.method.startswith("first-token")
+    first_only = opts.how.first_only
     order, confidence = list(range(n)), [0.0] * n
     steps: list[Step] = []
     prior, bounds, notes = None, 0, []
