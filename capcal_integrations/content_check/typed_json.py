@@ -26,7 +26,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import InputError
@@ -50,6 +50,16 @@ def fields_of(cls: type, values: Mapping[str, Any], what: str, skip: tuple[str, 
     return {name: typed(value, hints[name], f"{what}: {name!r}") for name, value in values.items()}
 
 
+#: The scalar annotations a saved file may hold: what fits each, and how an error names it.
+_SCALARS: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    type(None): (lambda v: v is None, "null"),
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v), "a number"),
+    str: (lambda v: isinstance(v, str), "text"),
+}
+
+
 def typed(value: Any, hint: Any, where: str) -> Any:
     """``value`` (as JSON gives it) checked against ``hint`` (``bool``, ``int`` >= 0, ``float`` not NaN, ``str``,
     ``None``, unions, ``tuple[X, ...]`` and fixed tuples from JSON arrays) and converted (ints to floats, arrays
@@ -62,26 +72,11 @@ def typed(value: Any, hint: Any, where: str) -> Any:
             except InputError:
                 pass
         raise InputError(f"{where} must be {' or '.join(_name(a) for a in args)}, got {value!r}")
-    if hint is type(None):
-        if value is None:
-            return None
-        raise InputError(f"{where} must be null, got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise InputError(f"{where} must be true or false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-        raise InputError(f"{where} must be an integer >= 0, got {value!r}")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
-            return float(value)
-        raise InputError(f"{where} must be a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise InputError(f"{where} must be text, got {value!r}")
+    if hint in _SCALARS:
+        fits, said = _SCALARS[hint]
+        if fits(value):
+            return float(value) if hint is float else value
+        raise InputError(f"{where} must be {said}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise InputError(f"{where} must be a list, got {value!r}")
