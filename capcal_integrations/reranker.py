@@ -198,7 +198,7 @@ class CapCalReranker:
         """Rerank several ``(query, passages)`` pairs, ``concurrency`` at a time (threads over the sync
         client); results in input order. The first error (in input order) is raised once the lists being
         ranked have finished; those not started yet are not started."""
-        items, concurrency = _pairs(items), _concurrency(concurrency)
+        items, concurrency = pairs_of(items), _concurrency(concurrency)
         caps = self.capabilities()  # probe once, not once per thread
         workers = min(concurrency or self.options.concurrency, self._lists_at_once(caps))
         failed = threading.Event()  # set by the first list that raises: no list starts after it
@@ -219,7 +219,7 @@ class CapCalReranker:
                            concurrency: int | None = None) -> list[Ranking]:
         """Async :meth:`rerank_many`: all queries' requests share one limit of ``concurrency`` in flight.
         On the first error the other lists are cancelled, and it is raised once none is running."""
-        items, concurrency = _pairs(items), _concurrency(concurrency)
+        items, concurrency = pairs_of(items), _concurrency(concurrency)
         limit = self._limit() if concurrency is None else asyncio.Semaphore(concurrency)
         gate = asyncio.Semaphore(self._lists_at_once(await self.acapabilities()))  # probe once, not once per query
 
@@ -245,7 +245,7 @@ def _with_usage(ranking: Ranking, usage: Usage) -> Ranking:
     return replace(ranking, usage=usage)
 
 
-def _pairs(items: Any) -> list[tuple[Any, Any]]:
+def pairs_of(items: Any) -> list[tuple[Any, Any]]:
     """``items`` as a list of ``(query, passages)`` pairs, or an :class:`~.errors.InputError` naming the bad one."""
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
         raise InputError(f"items must be an iterable of (query, passages) pairs, got {type(items).__name__}")

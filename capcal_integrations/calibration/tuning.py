@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..ranking.orders import order_of_scores
+from ..reranker import pairs_of
 from ..types import Ranking, Usage
 from .formulas import calibrated
 from .strength import ALPHAS, agreement_of, choose
@@ -100,13 +101,8 @@ def _jobs(items: Iterable[tuple[str, Sequence[Any]]], shuffles: int, seed: int, 
           ) -> list[tuple[int, list[int], str, list[Any]]]:
     if not (isinstance(shuffles, int) and not isinstance(shuffles, bool) and shuffles >= 2):
         raise InputError(f"shuffles must be an integer >= 2, got {shuffles!r}")
-    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
-        raise InputError(f"items must be an iterable of (query, passages) pairs, got {type(items).__name__}")
     jobs = []
-    for i, item in enumerate(items):
-        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
-            raise InputError(f"items[{i}] must be a (query, passages) pair, got {type(item).__name__}")
-        query, passages = item
+    for i, (query, passages) in enumerate(pairs_of(items)):
         if isinstance(passages, (str, bytes, Mapping)) or not isinstance(passages, Iterable):
             raise InputError(f"items[{i}]: passages must be a list of passages, got {type(passages).__name__}")
         passages = list(passages)[:size]
