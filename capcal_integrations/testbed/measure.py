@@ -232,7 +232,7 @@ def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: S
                         windows = sum(_windows(x) for x in rankings)
                         c = counts[method]
                         c[0], c[1] = c[0] + r, c[1] + d
-                        c[2] += windows - sum(len(x.guarded) for x in rankings)
+                        c[2] += windows - sum(int(x.kept_given_order) for x in rankings)
                         c[3] += windows
                         c[4] += sum(x.usage.requests for x in rankings)
                         c[5] += sum(x.usage.prompt_tokens for x in rankings)
