@@ -19,6 +19,7 @@ orders with the query replaced by a placeholder (``QUERY_FREE``), the same way t
     python benchmarks/query_free.py --model 0.5b --queries 12
     python benchmarks/query_free.py --model 1.5b --queries 8
     python benchmarks/query_free.py --model 0.5b --replay        # the decisions again from the saved readings
+    python benchmarks/query_free.py --model 0.5b --replay --fresh --data ../shared/data/trec-dl20-passage --queries 30
 
 The decisions: both rules (``content``, ``query`` at several ``align_e``) over the queries read, in their order
 and in ``--orders`` random orders (cap: the queries read).
@@ -94,18 +95,19 @@ def main() -> int:
     collection = pathlib.Path(args.data).name.replace("trec-", "").replace("-passage", "")
     out = pathlib.Path(args.out or HERE / "results" / (f"query-free-{args.model}-{collection}" if args.fresh
                                                        else f"query-free-{args.model}"))
-    if args.fresh:
-        return fresh(args, out)
     if args.replay:
         done = json.loads(pathlib.Path(f"{out}.json").read_text())
-        saved = {r["query"]: r for r in json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())["rows"]}
-        for r in done["rows"]:  # runs before the replay existed saved only the query-free readings
-            if "with_query" not in r:
-                r["with_query"] = saved[r["query"]]["reading"]["slots"]
+        if any("with_query" not in r for r in done["rows"]):  # runs before the replay existed saved only the query-free
+            kept = json.loads((HERE / "results" / f"real-decision-{args.model}.json").read_text())["rows"]
+            saved = {r["query"]: r for r in kept}
+            for r in done["rows"]:
+                r.setdefault("with_query", saved[r["query"]]["reading"]["slots"])
         args.queries = len(done["rows"])
         _write(out, args, done["rows"], done["drift"], done["seconds"])
         print(pathlib.Path(f"{out}.md").read_text())
         return 0
+    if args.fresh:
+        return fresh(args, out)
     from capcal_integrations.ranking.decoding import check_readings
     from capcal_integrations.server.launcher import endpoint
     from capcal_integrations.testbed.measure import bench_lists
