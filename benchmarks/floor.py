@@ -42,7 +42,7 @@ from capcal_integrations.content_check.rules import RULES  # noqa: E402
 from capcal_integrations.endpoints import tokenize  # noqa: E402
 from capcal_integrations.prompts.render import labels, render_prompt, resolve_template  # noqa: E402
 from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
-from capcal_integrations.testbed.measure import bench_lists  # noqa: E402
+from capcal_integrations.testbed.measure import bench_lists, ndcg10  # noqa: E402
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 
 
@@ -66,13 +66,14 @@ METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
 ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
 
 
-def one_list(rr: CapCalReranker, query: str, passages: list[str], deciding: bool = True) -> dict[str, Any]:
+def one_list(rr: CapCalReranker, query: str, passages: list[str], grades: list[int], ideal: list[int],
+             deciding: bool = True) -> dict[str, Any]:
     def salted() -> list[str]:
         salt = f" ({random.randrange(10 ** 12)})"
         return [p + salt for p in passages]
 
     opts = rr.options
-    row: dict[str, Any] = {"query": query, "passages": len(passages)}
+    row: dict[str, Any] = {"query": query, "passages": len(passages), "grades": grades, "ideal": ideal}
     # the generating peer, and the server's per-token time from it (one token against up to 100)
     gen_s, gen_prompt, gen_tokens = _chat(rr, _messages(RANK_GPT, query, salted()), 100)
     one_s, _, _ = _chat(rr, _messages(RANK_GPT, query, salted()), 1)
@@ -92,7 +93,8 @@ def one_list(rr: CapCalReranker, query: str, passages: list[str], deciding: bool
         floor = real_s + tokens * per_token if method == "vanilla" else real_s + empty_s + 2 * tokens * per_token
         streams = real_tokens if method == "vanilla" else real_tokens + empty_tokens
         u = ranking.usage
-        row[name] = {"s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
+        row[name] = {"order": list(ranking.order), "ndcg10": round(ndcg10([grades[i] for i in ranking.order], ideal), 4),
+                     "s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
                        "over_generating": round(took / gen_s, 2), "requests": u.requests,
                        "uncached_over_streams": round((u.prompt_tokens - u.cached_tokens) / max(1, streams), 2)}
     if not deciding:
@@ -110,10 +112,37 @@ def one_list(rr: CapCalReranker, query: str, passages: list[str], deciding: bool
     return row
 
 
+def _kendall(a: list[int], b: list[int]) -> float:
+    pos = {x: k for k, x in enumerate(b)}
+    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
+    return sum(1 if pos[a[i]] < pos[a[j]] else -1 for i, j in pairs) / max(1, len(pairs))
+
+
+def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
+    """The two probability forms' orders side by side, and nDCG@10 (the lists' qrels) per method."""
+    lines = ["Quality, the same lists: mean nDCG@10 " + ", ".join(
+        f"{m} {statistics.mean(r[m]['ndcg10'] for r in rows):.4f}" for m in names if m != "deciding"
+        and all("ndcg10" in r[m] for r in rows)) + "."]
+    for form in ("", ", trie"):
+        v, c = f"vanilla{form}", f"capcal{form}"
+        if v in names and c in names:
+            lines.append(f"capcal / vanilla{form or ', joint'}: median per list "
+                         f"{statistics.median(r[c]['s'] / r[v]['s'] for r in rows):.2f}.")
+    for m in ("vanilla", "capcal"):
+        t = f"{m}, trie"
+        if m in names and t in names and all("order" in r[m] and "order" in r[t] for r in rows):
+            same = sum(r[m]["order"] == r[t]["order"] for r in rows)
+            tau = statistics.mean(_kendall(r[m]["order"], r[t]["order"]) for r in rows)
+            lines.append(f"{m}: the trie form's order is the joint form's on {same} of {len(rows)} lists (mean "
+                         f"Kendall tau {tau:.3f}).")
+    return [" ".join(lines)]
+
+
 def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), **info, "rows": rows}, indent=1) + "\n")
     names = [m for m in ROWS if all(m in r for r in rows)]
-    med = {m: {k: statistics.median(r[m][k] for r in rows) for k in rows[0][m]} for m in names}
+    med = {m: {k: statistics.median(r[m][k] for r in rows) for k in rows[0][m] if k not in ("order", "ndcg10")}
+           for m in names}
     lines = ["# At the floor of the server (issue 35)", "",
              f"`python benchmarks/floor.py --data {args.data} --lists {args.lists} --passages {args.passages}` on "
              f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
@@ -135,6 +164,7 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
               "(the system prompt, the head, the query), so its true floor is lower: time / floor under 1 and "
               "uncached tokens / stream tokens of 0.65 say that the server computed about two thirds of what 12 "
               "whole streams would hold; measuring its exact floor needs the 12 prompts themselves.", "",
+              *_same_orders(rows, names), "",
               "Per list, seconds (x floor):", "", "| list | generating s | " + " | ".join(names) + " |",
               "|---|---:|" + "---:|" * len(names)]
     for k, r in enumerate(rows):
@@ -173,7 +203,8 @@ def main() -> int:
         info = {"server": caps.server or caps.kind.name, "model": caps.model, "slots": caps.slots, "commit": commit}
         rows = []
         for k, b in enumerate(lists):
-            rows.append(one_list(rr, b.query, list(b.passages)[:args.passages], not args.no_deciding))
+            rows.append(one_list(rr, b.query, list(b.passages)[:args.passages], list(b.grades)[:args.passages],
+                                 list(b.ideal), not args.no_deciding))
             print(f"list {k + 1}/{len(lists)}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
             _write(pathlib.Path(args.out), args, rows, info)
     print(pathlib.Path(args.out).with_suffix(".md").read_text())
