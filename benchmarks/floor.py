@@ -144,7 +144,8 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
     med = {m: {k: statistics.median(r[m][k] for r in rows) for k in rows[0][m] if k not in ("order", "ndcg10")}
            for m in names}
     lines = ["# At the floor of the server (issue 35)", "",
-             f"`python benchmarks/floor.py --data {args.data} --lists {args.lists} --passages {args.passages}` on "
+             f"`python benchmarks/floor.py --data {args.data} --lists {args.lists} --passages {args.passages}"
+             f"{' --no-deciding' if getattr(args, 'no_deciding', False) else ''}` on "
              f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
              "each cold (a fresh salt in every passage), methods interleaved per list. Floor: each distinct stream "
              "prefilled once plus the decoded answer's tokens at the generating request's per-token time (module "
