@@ -161,10 +161,11 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
     lines += ["", f"One generating request (RankGPT's prompt, at most 100 tokens): median {g:.1f} s.", "",
               "Read with care: the per-token time comes from each list's own generating request, and is 0 where the "
               "model stopped after a few tokens (then that list's vanilla and capcal floors are its prefills alone, a "
-              "little low). The deciding query's floor counts 12 whole streams, but its orders share their prefix "
-              "(the system prompt, the head, the query), so its true floor is lower: time / floor under 1 and "
+              "little low)." + (" The deciding query's floor counts 12 whole streams, but its orders share their "
+              "prefix (the system prompt, the head, the query), so its true floor is lower: time / floor under 1 and "
               "uncached tokens / stream tokens of 0.65 say that the server computed about two thirds of what 12 "
-              "whole streams would hold; measuring its exact floor needs the 12 prompts themselves.", "",
+              "whole streams would hold; measuring its exact floor needs the 12 prompts themselves."
+                                 if "deciding" in names else ""), "",
               *_same_orders(rows, names), "",
               "Per list, seconds (x floor):", "", "| list | generating s | " + " | ".join(names) + " |",
               "|---|---:|" + "---:|" * len(names)]
