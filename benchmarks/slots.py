@@ -77,7 +77,8 @@ def one_server(unified: bool, query: str, passages: list[str], model: str) -> di
             + "\n".join(f"[{i + 1}] {x} ({salt})" for i, x in enumerate(passages)) + "\nRanking: [")
     ids = _post(url, "/tokenize", {"content": text})["tokens"]
     digit = [_post(url, "/tokenize", {"content": str(d)})["tokens"][0] for d in range(10)]
-    # the first step's trie below "[": the root, "[1", "[2", "[10".."[19", "[20" (21 nodes for 20 identifiers)
+    # 14 of the first step's 21 nodes below "[" (the root, "[1", "[2", "[10".."[19", "[20"; the exact form also asks
+    # "[3".."[9" for their closing "]")
     nodes = [[], [digit[1]], [digit[2]], *([digit[1], digit[d]] for d in range(10)), [digit[2], digit[0]]]
     row: dict[str, Any] = {"kv_unified": unified, "prompt_tokens": len(ids), "nodes": len(nodes)}
     row["cold_prefill_s"] = _timed(url, [ids], id_slot=0)
@@ -95,7 +96,8 @@ def _write(out: pathlib.Path, rows: list[dict[str, Any]], info: dict[str, Any]) 
              f"`python benchmarks/slots.py --data {info['data']}` (commit {info['commit']}): the packaged "
              f"{info['model']} on the embedded llama.cpp server, 8 slots, 2 threads; one DL19 list's 20 passages "
              "(a fresh salt: cold). Seconds:", "",
-             "| kv_unified | prompt tokens | cold prefill | 21 nodes pinned | again | per node pinned | 8 nodes spread, "
+             f"| kv_unified | prompt tokens | cold prefill | {rows[0]['nodes']} nodes pinned | again | per node pinned | "
+             "8 nodes spread, "
              "cold | 8 spread, every slot holding the prompt | per node spread | 8 nodes pinned |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
