@@ -25,6 +25,7 @@ Without ``--base-url`` it starts the embedded server (``--model``, default the p
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import pathlib
 import random
@@ -60,14 +61,17 @@ def _messages(template: Any, query: str, texts: list[str]) -> Any:
 
 
 #: The methods timed per list: (row name, method, options). The trie form asks only the branching nodes of the
-#: identifier trie at each step (about 3 of 21 on a 20-passage list), renormalising at each node.
+#: identifier trie at each step (about 3 of 21 on a 20-passage list), renormalising at each node. ``async``: the
+#: same ranking through ``arerank``.
 METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
-           ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}))
+           ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}),
+           ("capcal, async", "capcal", {}))
 ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
+ALL = ";".join(name for name, _, _ in METHODS)
 
 
 def one_list(rr: CapCalReranker, query: str, passages: list[str], grades: list[int], ideal: list[int],
-             deciding: bool = True) -> dict[str, Any]:
+             deciding: bool = True, rows: tuple[str, ...] = ROWS) -> dict[str, Any]:
     def salted() -> list[str]:
         salt = f" ({random.randrange(10 ** 12)})"
         return [p + salt for p in passages]
@@ -84,9 +88,11 @@ def one_list(rr: CapCalReranker, query: str, passages: list[str], grades: list[i
     empty_s, empty_tokens, _ = _chat(rr, _messages(opts.template, query, [DEFAULT_PLACEHOLDER] * len(passages)), 1)
     row.update(prefill_real_s=round(real_s, 2), real_tokens=real_tokens, prefill_empty_s=round(empty_s, 2),
                empty_tokens=empty_tokens)
-    for name, method, extra in METHODS:
+    for name, method, extra in (m for m in METHODS if m[0] in rows):
         started = time.perf_counter()
-        ranking = rr.with_options(method=method, **extra).rerank(query, salted())
+        ranked = rr.with_options(method=method, **extra)
+        # arerank sends a step's real and empty streams together (two slots, one batch); rerank one after another
+        ranking = asyncio.run(ranked.arerank(query, salted())) if name.endswith("async") else ranked.rerank(query, salted())
         took = time.perf_counter() - started
         answer = " > ".join(f"[{i + 1}]" for i in ranking.order)
         tokens = len(run_sync(tokenize(rr.capabilities(), [answer]), rr.client)[0][0])
@@ -145,7 +151,9 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
            for m in names}
     lines = ["# At the floor of the server (issue 35)", "",
              f"`python benchmarks/floor.py --data {args.data} --lists {args.lists} --passages {args.passages}"
-             f"{' --no-deciding' if getattr(args, 'no_deciding', False) else ''}` on "
+             f"{' --no-deciding' if getattr(args, 'no_deciding', False) else ''}"
+             f"{'' if getattr(args, 'methods', None) in (None, ALL) else f' --methods {args.methods!r}'}"
+             "` on "
              f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
              "each cold (a fresh salt in every passage), methods interleaved per list. Floor: each distinct stream "
              "prefilled once plus the decoded answer's tokens at the generating request's per-token time (module "
@@ -184,6 +192,8 @@ def main() -> int:
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--model", default="0.5b", help="the embedded model (without --base-url)")
     ap.add_argument("--out", default=str(HERE / "results" / "floor"))
+    ap.add_argument("--methods", default=ALL,
+                    help="the rows to time, separated by ';' (default all: %(default)s)")
     ap.add_argument("--no-deciding", action="store_true", help="skip the deciding query (about 200 s a list)")
     ap.add_argument("--report", action="store_true", help="rewrite the .md from the saved .json, nothing run")
     args = ap.parse_args()
@@ -206,7 +216,7 @@ def main() -> int:
         rows = []
         for k, b in enumerate(lists):
             rows.append(one_list(rr, b.query, list(b.passages)[:args.passages], list(b.grades)[:args.passages],
-                                 list(b.ideal), not args.no_deciding))
+                                 list(b.ideal), not args.no_deciding, tuple(args.methods.split(";"))))
             print(f"list {k + 1}/{len(lists)}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
             _write(pathlib.Path(args.out), args, rows, info)
     print(pathlib.Path(args.out).with_suffix(".md").read_text())
