@@ -15,6 +15,7 @@ import asyncio
 import copy
 import json
 import math
+import threading
 
 import httpx2
 import pytest
@@ -246,19 +247,24 @@ DIALECTS = {
 
 class Mutating:
     """A fake endpoint that, once armed, answers about one in ``rate`` successful JSON answers (of the
-    completions routes only, with ``logprobs_only``) mutated, at most twice per example."""
+    completions routes only, with ``logprobs_only``) mutated, at most twice per example.
+
+    Hypothesis draws only on the test's own thread: the answers to the sync driver's concurrent rounds (calls
+    pinned to different slots, each sent from a thread of its own) pass unmutated. The same answers reach the
+    same parsers in the async examples, whose concurrent rounds run on the test's thread."""
 
     def __init__(self, dialect: str, data, rate: int, logprobs_only: bool = False):
         handler_options, self.options = DIALECTS[dialect]
         self.base, self.data, self.rate, self.logprobs_only = make_handler(**handler_options), data, rate, logprobs_only
         self.armed, self.mutated = False, []
+        self.thread = threading.get_ident()
 
     def __call__(self, request):
         try:
             response = self.base(request)
         except (KeyError, TypeError, ValueError):  # the fake cannot read a request another server's shape: a 400
             return httpx2.Response(400, json={"error": {"message": "bad request"}})
-        if not self.armed or response.status_code != 200 or len(self.mutated) >= 2:
+        if not self.armed or response.status_code != 200 or len(self.mutated) >= 2 or threading.get_ident() != self.thread:
             return response
         if self.logprobs_only and not request.url.path.endswith("completions"):
             return response

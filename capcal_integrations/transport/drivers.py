@@ -9,7 +9,10 @@ a JSON object, or whose ``usage`` is malformed, is a :class:`~.errors.ResponseEr
 
 Nothing is left running behind an error: when one request of an async batch fails, the others are
 cancelled and awaited before the error reaches the flow (whose ``finally`` then releases the slot pins
-of the batch), and a flow the driver leaves early (cancelled, or an error it does not catch) is closed.
+of the batch), and a flow the driver leaves early (cancelled, or an error it does not catch) is closed. The
+sync driver sends a batch's calls one after another, except calls pinned to different llama.cpp slots (a
+calibrated step's real and empty streams), which it sends together and waits for, every one, before the flow
+gets the answers or the first failure: the server then computes both streams in the same batches.
 
 Each answer is read by :mod:`.transfer`: at most :data:`~.transfer.MAX_BODY` bytes. With a ``deadline``
 (seconds, :mod:`.deadline`), each request is bounded by the wall clock, whatever the server's pacing (the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import openai
@@ -170,23 +174,52 @@ class _Run:
 
 def run_sync(flow: Flow[T], client: Any, route: ListRoute | None = None, deadline: float | None = None
              ) -> tuple[T, Usage]:
-    """Drive ``flow`` with a sync ``openai.OpenAI`` client, one call after another; every call carries
+    """Drive ``flow`` with a sync ``openai.OpenAI`` client, a batch's calls one after another (those pinned to
+    different llama.cpp slots together: :func:`_round_sync`); every call carries
     ``route``'s key (:mod:`.routing`) when one is given, and is bounded by the ``deadline`` if any."""
     run, clock = _Run(flow), None if deadline is None else Deadline(deadline)
     try:
         while run.calls is not None:
-            answers: list[Any] | EndpointError | DeadlinePassed = []
-            try:
-                for c in run.calls:
-                    answers.append(_send_sync(client, c, route, clock))
-            except EndpointError as err:
-                answers = err
-            except DeadlinePassed as passed:
-                answers = DeadlinePassed(answers, passed.abandoned)
-            run.send(answers)
+            run.send(_round_sync(client, run.calls, route, clock))
     finally:
         run.close()
     return run.result, run.usage
+
+
+def _round_sync(client: Any, calls: list[Call], route: ListRoute | None, clock: Deadline | None
+                ) -> list[Any] | EndpointError | DeadlinePassed:
+    """One batch's answers, or what to throw into the flow. Calls pinned to different llama.cpp slots are sent
+    together, each in a thread of its own, so that the server computes them in the same batches (a calibrated
+    step's real and empty streams: one pass of the model for both, not two); the round returns once every one
+    has come back, and the first failure in the calls' order is what the flow gets. Other calls go one after
+    another, and the first failure stops the round."""
+    if len(calls) > 1 and _apart(calls):
+        with ThreadPoolExecutor(max_workers=len(calls)) as pool:  # leaving the block waits for every call
+            futures = [pool.submit(_send_sync, client, c, route, clock) for c in calls]
+        failures = [f.exception() for f in futures if f.exception() is not None]
+        if not failures:
+            return [f.result() for f in futures]
+        if not isinstance(failures[0], (EndpointError, DeadlinePassed)):
+            raise failures[0]
+        if isinstance(failures[0], EndpointError):
+            return failures[0]
+        return DeadlinePassed([f.result() for f in futures if f.exception() is None],
+                              sum(getattr(x, "abandoned", 0) for x in failures))
+    answers: list[Any] = []
+    try:
+        for c in calls:
+            answers.append(_send_sync(client, c, route, clock))
+    except EndpointError as err:
+        return err
+    except DeadlinePassed as passed:
+        return DeadlinePassed(answers, passed.abandoned)
+    return answers
+
+
+def _apart(calls: list[Call]) -> bool:
+    """Every call pinned to a llama.cpp slot (``id_slot``), no two to the same one."""
+    slots = [c.body.get("id_slot") if isinstance(c.body, dict) else None for c in calls]
+    return None not in slots and len(set(slots)) == len(slots)
 
 
 async def run_async(flow: Flow[T], client: Any, limit: asyncio.Semaphore, route: ListRoute | None = None,
