@@ -43,6 +43,7 @@ from capcal_integrations.content_check.rules import RULES  # noqa: E402
 from capcal_integrations.endpoints import tokenize  # noqa: E402
 from capcal_integrations.prompts.render import labels, render_prompt, resolve_template  # noqa: E402
 from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
+from capcal_integrations.ranking.orders import kendall_tau  # noqa: E402
 from capcal_integrations.testbed.measure import bench_lists, ndcg10  # noqa: E402
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 
@@ -118,12 +119,6 @@ def one_list(rr: CapCalReranker, query: str, passages: list[str], grades: list[i
     return row
 
 
-def _kendall(a: list[int], b: list[int]) -> float:
-    pos = {x: k for k, x in enumerate(b)}
-    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
-    return sum(1 if pos[a[i]] < pos[a[j]] else -1 for i, j in pairs) / max(1, len(pairs))
-
-
 def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
     """The two probability forms' orders side by side, and nDCG@10 (the lists' qrels) per method."""
     lines = ["Quality, the same lists: mean nDCG@10 " + ", ".join(
@@ -138,7 +133,7 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
         t = f"{m}, trie"
         if m in names and t in names and all("order" in r[m] and "order" in r[t] for r in rows):
             same = sum(r[m]["order"] == r[t]["order"] for r in rows)
-            tau = statistics.mean(_kendall(r[m]["order"], r[t]["order"]) for r in rows)
+            tau = statistics.mean(kendall_tau(r[m]["order"], r[t]["order"]) for r in rows)
             lines.append(f"{m}: the trie form's order is the joint form's on {same} of {len(rows)} lists (mean "
                          f"Kendall tau {tau:.3f}).")
     return [" ".join(lines)]
