@@ -23,7 +23,10 @@ from ..types import Capabilities
 from .caches import RankingTemplates, TemplateCache
 from .slots import SlotPins
 
-__all__ = ["Call", "Flow", "Token", "EndpointState", "chat_messages", "text_messages"]
+__all__ = ["Call", "Flow", "Token", "EndpointState", "SLOT", "chat_messages", "text_messages"]
+
+#: llama.cpp's field that pins a request to one of its slots (the slot that holds the prompt's prefix).
+SLOT = "id_slot"
 
 T = TypeVar("T")
 Token = tuple[int, str]  # (id, piece)
@@ -38,6 +41,11 @@ class Call:
     path: str
     body: Mapping[str, Any] | None = None
     root: bool = False
+
+    @property
+    def slot(self) -> int | None:
+        """The llama.cpp slot the request is pinned to (its body's :data:`SLOT`), or None."""
+        return self.body.get(SLOT) if isinstance(self.body, Mapping) else None
 
 
 Flow = Generator[list[Call], list[Any], T]

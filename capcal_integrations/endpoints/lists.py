@@ -14,7 +14,7 @@ from ..prompts.untrusted import Prompt
 from ..types import Capabilities
 from .answers import choices_of, excerpt
 from .base import COMPLETIONS, MAX_TOP_LIMIT, Kind, Query, count, unsupported
-from .calls import Call, EndpointState, Flow, Token
+from .calls import SLOT, Call, EndpointState, Flow, Token
 
 __all__ = ["PromptLists", "top_limit"]
 
@@ -60,13 +60,13 @@ class PromptLists(Kind):
             body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0,
                     **self.body(caps, [t for j in members for t in queries[j].want])}
             if caps.slots > 1 and not state.routed and (slot := state.slots.pin(key, caps.slots)) is not None:
-                body["id_slot"] = slot
+                body[SLOT] = slot
             calls.append(Call("POST", COMPLETIONS, body))
         try:
             answers = yield from self.deliver(state, caps, calls)
         finally:
             for call in calls:
-                state.slots.release(call.body.get("id_slot") if call.body else None)
+                state.slots.release(call.slot)
         choices: list[Any] = [None] * len(queries)
         for members, answer in zip(groups.values(), answers):
             for i, choice in zip(members, choices_of(answer, len(members))):

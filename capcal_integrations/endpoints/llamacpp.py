@@ -125,7 +125,7 @@ class LlamaCpp(PromptLists):
         return {key: state.templates[(_IDS, key)] for key in keys}
 
     def deliver(self, state: EndpointState, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]]:
-        if caps.slots > 1 and any(len(call.body["prompt"]) > 1 and "id_slot" not in call.body for call in calls):
+        if caps.slots > 1 and any(len(call.body["prompt"]) > 1 and call.slot is None for call in calls):
             return (yield from _prompt_by_prompt(calls))  # routed, or more prompts than free slots
         return (yield calls)
 
@@ -154,7 +154,7 @@ def _prompt_by_prompt(calls: list[Call]) -> Flow[list[Any]]:
     by side), each prompt goes to the idle slot most like it, the one that holds its prefix, and costs only its last
     tokens. A pinned list goes whole, in the first round: its slot holds its prefix."""
     bodies = [dict(call.body or {}) for call in calls]
-    whole = [("id_slot" in body) for body in bodies]
+    whole = [call.slot is not None for call in calls]
     parts: list[list[Any]] = [[] for _ in calls]
     for r in range(max(1 if w else len(body["prompt"]) for w, body in zip(whole, bodies))):
         live = [k for k, body in enumerate(bodies) if (r == 0 if whole[k] else r < len(body["prompt"]))]

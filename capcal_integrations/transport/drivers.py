@@ -217,8 +217,8 @@ def _round_sync(client: Any, calls: list[Call], route: ListRoute | None, clock: 
 
 
 def _apart(calls: list[Call]) -> bool:
-    """Every call pinned to a llama.cpp slot (``id_slot``), no two to the same one."""
-    slots = [c.body.get("id_slot") if isinstance(c.body, dict) else None for c in calls]
+    """Every call pinned to a llama.cpp slot (:attr:`~.calls.Call.slot`), no two to the same one."""
+    slots = [c.slot for c in calls]
     return None not in slots and len(set(slots)) == len(slots)
 
 
