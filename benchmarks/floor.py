@@ -5,21 +5,28 @@ server in one run, interleaved:
 
 * **generating**: one chat completion of RankGPT's prompt over the same passages, at most 100 generated tokens
   (what RankGPTRerank and LLMListwiseRerank send);
-* **vanilla** and **capcal** (``guard=None``), and **one deciding query** of the content check (its readings of
-  the list, :func:`~capcal_integrations.ranking.decoding.check_readings`);
+* **vanilla** and **capcal** (``guard=None``), and **one deciding query** of the content check on the list's first
+  ``--deciding-passages`` (its readings of the window, :func:`~capcal_integrations.ranking.decoding.check_readings`);
 * **the floor** of each: prefilling each distinct stream once (a request that generates one token, timed on a
   cold copy of the stream) plus the evaluations the method cannot avoid (the decoded ranking's tokens, at the
   per-token time of the generating request): vanilla = prefill(real) + tokens x t_token; capcal = prefill(real)
-  + prefill(empty) + 2 x tokens x t_token; a deciding query = the prefill of each of its streams (12 orders of
-  the window, with and without the query, approximated by the real stream's prefill, plus the empty prompt's).
+  + prefill(empty) + 2 x tokens x t_token. A deciding query's floor is measured on its own streams: each of them
+  (the rule's orders of the window with the query and with the query replaced, and the empty prompt; a fresh
+  salt) sent once as a one-token request, one after another (on llama.cpp in one slot), plus each stream's
+  identifier-trie nodes but the first (the one-token request already read that one) at t_token.
 
 Reported per list and as medians: time / floor, time / generating, and uncached prompt tokens / the tokens of
-the distinct streams (what the server computed against what it had to). Results: ``benchmarks/results/floor.md``
-and ``floor.json``.
+the distinct streams (what the server computed against what it had to). Uncached tokens are the answers'
+``usage`` (prompt minus cached tokens) on llama.cpp, and the server's own prefix-cache counters where it has
+them (vLLM's ``/metrics``: queried minus hit tokens). With ``--concurrency N``, the lists are then ranked again
+``N`` at once (``rerank_many``, fresh salts) beside ``N`` generating requests at once: wall time and uncached /
+stream tokens. Results: ``benchmarks/results/floor.md`` and ``floor.json``.
 
     python benchmarks/floor.py --data ../shared/data/trec-dl19-passage [--lists 3] [--passages 20] [--base-url URL]
+        [--engine vllm] [--concurrency 8] [--deciding-passages 10]
 
-Without ``--base-url`` it starts the embedded server (``--model``, default the packaged 0.5B) for the run.
+Without ``--base-url`` it starts the embedded server (``--model``, default the packaged 0.5B; ``--engine vllm``:
+vLLM's CPU build, ``CAPCAL_VLLM_PYTHON``) for the run.
 """
 
 from __future__ import annotations
@@ -29,10 +36,14 @@ import asyncio
 import json
 import pathlib
 import random
+import re
 import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -41,20 +52,55 @@ sys.path.insert(0, str(HERE.parent))
 from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker  # noqa: E402
 from capcal_integrations.content_check.rules import RULES  # noqa: E402
 from capcal_integrations.endpoints import tokenize  # noqa: E402
-from capcal_integrations.prompts.render import labels, render_prompt, resolve_template  # noqa: E402
+from capcal_integrations.prompts.render import QUERY_PLACEHOLDER, labels, render_prompt, resolve_template  # noqa: E402
 from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
 from capcal_integrations.ranking.orders import kendall_tau  # noqa: E402
+from capcal_integrations.reading.labels import label_trie, nodes_to_ask  # noqa: E402
 from capcal_integrations.testbed.measure import bench_lists, ndcg10  # noqa: E402
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 
 
-def _chat(rr: CapCalReranker, messages: Any, max_tokens: int) -> tuple[float, int, int]:
-    """One chat completion: seconds, prompt tokens, completion tokens."""
+def _chat(rr: CapCalReranker, messages: Any, max_tokens: int, slot: int | None = None) -> tuple[float, int, int]:
+    """One chat completion (on llama.cpp's ``slot`` if given): seconds, prompt tokens, completion tokens."""
     started = time.perf_counter()
     answer = rr.client.chat.completions.create(model=rr.capabilities().model, temperature=0, max_tokens=max_tokens,
-                                               messages=[{"role": r, "content": c} for r, c in messages])
+                                               messages=[{"role": r, "content": c} for r, c in messages],
+                                               extra_body={} if slot is None else {"id_slot": slot})
     usage = answer.usage
     return time.perf_counter() - started, usage.prompt_tokens, usage.completion_tokens
+
+
+def _salted(passages: list[str]) -> list[str]:
+    """The passages with one fresh salt: no prompt of them is cached from anything before."""
+    salt = f" ({random.randrange(10 ** 12)})"
+    return [p + salt for p in passages]
+
+
+class Meter:
+    """The prompt tokens a server computed (not taken from its cache): its own prefix-cache counters where it
+    exposes them (vLLM's ``/metrics``: queried minus hit tokens, which its answers' ``usage`` leaves out unless
+    the server was started with ``--enable-prompt-tokens-details``), else the answers' ``usage``."""
+
+    def __init__(self, base_url: str, api_key: str | None) -> None:
+        self.url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.counters = self.read() is not None
+
+    def read(self) -> tuple[float, float] | None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(self.url, headers=self.headers), timeout=30) as answer:
+                text = answer.read().decode()
+        except (urllib.error.URLError, OSError):
+            return None
+        found = [sum(float(v) for v in re.findall(rf"^vllm:prefix_cache_{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$",
+                                                  text, re.M)) for name in ("queries", "hits")]
+        return None if not re.search(r"^vllm:prefix_cache_queries", text, re.M) else (found[0], found[1])
+
+    def uncached(self, before: tuple[float, float] | None, prompt_tokens: int, cached_tokens: int) -> float:
+        after = self.read() if before is not None else None
+        if before is None or after is None:
+            return prompt_tokens - cached_tokens
+        return (after[0] - before[0]) - (after[1] - before[1])
 
 
 def _messages(template: Any, query: str, texts: list[str]) -> Any:
@@ -71,52 +117,94 @@ ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
 ALL = ";".join(name for name, _, _ in METHODS)
 
 
-def one_list(rr: CapCalReranker, query: str, passages: list[str], grades: list[int], ideal: list[int],
-             deciding: bool = True, rows: tuple[str, ...] = ROWS) -> dict[str, Any]:
-    def salted() -> list[str]:
-        salt = f" ({random.randrange(10 ** 12)})"
-        return [p + salt for p in passages]
-
+def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], grades: list[int], ideal: list[int],
+             deciding: int = 10, rows: tuple[str, ...] = ROWS) -> dict[str, Any]:
     opts = rr.options
     row: dict[str, Any] = {"query": query, "passages": len(passages), "grades": grades, "ideal": ideal}
     # the generating peer, and the server's per-token time from it (one token against up to 100)
-    gen_s, gen_prompt, gen_tokens = _chat(rr, _messages(RANK_GPT, query, salted()), 100)
-    one_s, _, _ = _chat(rr, _messages(RANK_GPT, query, salted()), 1)
+    gen_s, gen_prompt, gen_tokens = _chat(rr, _messages(RANK_GPT, query, _salted(passages)), 100)
+    one_s, _, _ = _chat(rr, _messages(RANK_GPT, query, _salted(passages)), 1)
     per_token = max(0.0, (gen_s - one_s) / max(1, gen_tokens - 1))
     row.update(generating_s=round(gen_s, 2), generating_tokens=gen_tokens, per_token_s=round(per_token, 4))
     # the floor's prefills: the library's real stream and its empty stream, each cold
-    real_s, real_tokens, _ = _chat(rr, _messages(opts.template, query, salted()), 1)
+    real_s, real_tokens, _ = _chat(rr, _messages(opts.template, query, _salted(passages)), 1)
     empty_s, empty_tokens, _ = _chat(rr, _messages(opts.template, query, [DEFAULT_PLACEHOLDER] * len(passages)), 1)
     row.update(prefill_real_s=round(real_s, 2), real_tokens=real_tokens, prefill_empty_s=round(empty_s, 2),
                empty_tokens=empty_tokens)
     for name, method, extra in (m for m in METHODS if m[0] in rows):
+        before = meter.read()
         started = time.perf_counter()
         ranked = rr.with_options(method=method, **extra)
         # arerank sends a step's real and empty streams together (two slots, one batch); rerank one after another
-        ranking = asyncio.run(ranked.arerank(query, salted())) if name.endswith("async") else ranked.rerank(query, salted())
+        ranking = (asyncio.run(ranked.arerank(query, _salted(passages))) if name.endswith("async")
+                   else ranked.rerank(query, _salted(passages)))
         took = time.perf_counter() - started
+        u = ranking.usage
+        uncached = meter.uncached(before, u.prompt_tokens, u.cached_tokens)
         answer = " > ".join(f"[{i + 1}]" for i in ranking.order)
         tokens = len(run_sync(tokenize(rr.capabilities(), [answer]), rr.client)[0][0])
         floor = real_s + tokens * per_token if method == "vanilla" else real_s + empty_s + 2 * tokens * per_token
         streams = real_tokens if method == "vanilla" else real_tokens + empty_tokens
-        u = ranking.usage
         row[name] = {"order": list(ranking.order), "ndcg10": round(ndcg10([grades[i] for i in ranking.order], ideal), 4),
                      "s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
-                       "over_generating": round(took / gen_s, 2), "requests": u.requests,
-                       "uncached_over_streams": round((u.prompt_tokens - u.cached_tokens) / max(1, streams), 2)}
-    if not deciding:
-        return row
-    window = min(len(passages), opts.window)
-    started = time.perf_counter()
-    _, u = run_sync(check_readings(rr._state.for_ranking(), opts.replace(alpha=1.0), query, salted()[:window],
-                                   RULES["query"]), rr.client)
-    took = time.perf_counter() - started
-    floor = 12 * real_s * window / len(passages) + empty_s
-    streams = 12 * real_tokens * window // len(passages) + empty_tokens
-    row["deciding"] = {"s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
-                       "over_generating": round(took / gen_s, 2), "requests": u.requests,
-                       "uncached_over_streams": round((u.prompt_tokens - u.cached_tokens) / max(1, streams), 2)}
+                     "over_generating": round(took / gen_s, 2), "requests": u.requests,
+                     "uncached_over_streams": round(uncached / max(1, streams), 2)}
+    if deciding:
+        row["deciding"] = one_deciding(rr, meter, query, passages[:deciding], per_token, gen_s)
     return row
+
+
+def one_deciding(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], per_token: float,
+                 gen_s: float) -> dict[str, Any]:
+    """One deciding query of the default content rule on ``passages``, and its floor measured on its own streams:
+    each sent once (a fresh salt) as a one-token request, one after another, plus each stream's trie nodes but the
+    first at the generating request's per-token time."""
+    opts, rule, n = rr.options.replace(alpha=1.0), RULES["query"], len(passages)
+    state = rr._state.for_ranking()
+    before = meter.read()
+    started = time.perf_counter()
+    _, u = run_sync(check_readings(state, opts, query, _salted(passages), rule), rr.client)
+    took = time.perf_counter() - started
+    uncached = meter.uncached(before, u.prompt_tokens, u.cached_tokens)
+    texts = _salted(passages)
+    streams = [_messages(opts.template, q, [texts[i] for i in order]) for q in (query, QUERY_PLACEHOLDER)
+               for order in rule.orders(n)]
+    streams.append(_messages(opts.template, query, [opts.placeholder] * n))
+    slot = 0 if rr.capabilities().slots > 1 else None
+    prefills = [_chat(rr, m, 1, slot) for m in streams]
+    stream_tokens = sum(p for _, p, _ in prefills)
+    nodes = len(nodes_to_ask(label_trie([state.label_tokens[i] for i in labels(n, opts.labels)]), opts.probability))
+    floor = sum(s for s, _, _ in prefills) + len(streams) * max(0, nodes - 1) * per_token
+    return {"passages": n, "streams": len(streams), "nodes": nodes, "stream_tokens": stream_tokens,
+            "s": round(took, 2), "floor_s": round(floor, 2), "over_floor": round(took / floor, 2),
+            "over_generating": round(took / gen_s, 2), "requests": u.requests,
+            "uncached_over_streams": round(uncached / max(1, stream_tokens), 2)}
+
+
+def at_once(rr: CapCalReranker, meter: Meter, lists: list[Any], rows: list[dict[str, Any]], passages: int,
+            concurrency: int, names: tuple[str, ...]) -> dict[str, Any]:
+    """The lists ranked ``concurrency`` at once (``rerank_many``), beside as many generating requests at once:
+    wall time, and uncached prompt tokens over the streams' tokens (each list's, from its row)."""
+    def pairs() -> list[tuple[str, list[str]]]:
+        return [(b.query, _salted(list(b.passages)[:passages])) for b in lists]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(lambda qp: _chat(rr, _messages(RANK_GPT, *qp), 100), pairs()))
+    out: dict[str, Any] = {"concurrency": concurrency, "lists": len(lists),
+                           "generating_s": round(time.perf_counter() - started, 2)}
+    for name, method, extra in (m for m in METHODS if m[0] in names and not m[0].endswith("async")):
+        before = meter.read()
+        started = time.perf_counter()
+        rankings = rr.with_options(method=method, **extra).rerank_many(pairs(), concurrency=concurrency)
+        took = time.perf_counter() - started
+        uncached = meter.uncached(before, sum(r.usage.prompt_tokens for r in rankings),
+                                  sum(r.usage.cached_tokens for r in rankings))
+        streams = sum(r["real_tokens"] + (r["empty_tokens"] if method != "vanilla" else 0) for r in rows)
+        out[name] = {"s": round(took, 2), "over_generating": round(took / out["generating_s"], 2),
+                     "requests": sum(r.usage.requests for r in rankings),
+                     "uncached_over_streams": round(uncached / max(1, streams), 2)}
+    return out
 
 
 def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
@@ -139,14 +227,33 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
     return [" ".join(lines)]
 
 
+def _deciding_note(rows: list[dict[str, Any]], names: list[str]) -> str:
+    if "deciding" not in names:
+        return ""
+    d = rows[0]["deciding"]
+    if "streams" not in d:  # a run before its floor was measured on its own streams
+        return (" The deciding query's floor counts 12 whole streams, but its orders share their prefix (the system "
+                "prompt, the head, the query), so its true floor is lower: time / floor under 1 and uncached tokens / "
+                "stream tokens of 0.65 say that the server computed about two thirds of what 12 whole streams would "
+                "hold; measuring its exact floor needs the 12 prompts themselves.")
+    return (f" The deciding query reads the first {d['passages']} passages of the list: {d['streams']} streams, "
+            f"{d['nodes']} trie nodes each; its floor is its own streams each prefilled once, one after another, plus "
+            "their other nodes at the per-token time, and its stream tokens are those streams' prompt tokens (module "
+            "docstring).")
+
+
 def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), **info, "rows": rows}, indent=1) + "\n")
-    names = [m for m in ROWS if all(m in r for r in rows)]
-    med = {m: {k: statistics.median(r[m][k] for r in rows) for k in rows[0][m] if k not in ("order", "ndcg10")}
+    names = [m for m in ROWS if all(m in r for r in rows) or (m == "deciding" and "deciding" in rows[0])]
+    med = {m: {k: statistics.median(r[m][k] for r in rows if m in r) for k in rows[0][m] if k not in ("order", "ndcg10")}
            for m in names}
     lines = ["# At the floor of the server (issue 35)", "",
              f"`python benchmarks/floor.py --data {args.data} --lists {args.lists} --passages {args.passages}"
              f"{' --no-deciding' if getattr(args, 'no_deciding', False) else ''}"
+             f"{f' --deciding-passages {args.deciding_passages}' if getattr(args, 'deciding_passages', 10) != 10 else ''}"
+             f"{f' --deciding-lists {args.deciding_lists}' if getattr(args, 'deciding_lists', None) else ''}"
+             f"{f' --engine {args.engine}' if getattr(args, 'engine', 'llamacpp') != 'llamacpp' else ''}"
+             f"{f' --concurrency {args.concurrency}' if getattr(args, 'concurrency', 0) else ''}"
              f"{'' if getattr(args, 'methods', None) in (None, ALL) else f' --methods {args.methods!r}'}"
              "` on "
              f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
@@ -164,17 +271,21 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
     lines += ["", f"One generating request (RankGPT's prompt, at most 100 tokens): median {g:.1f} s.", "",
               "Read with care: the per-token time comes from each list's own generating request, and is 0 where the "
               "model stopped after a few tokens (then that list's vanilla and capcal floors are its prefills alone, a "
-              "little low)." + (" The deciding query's floor counts 12 whole streams, but its orders share their "
-              "prefix (the system prompt, the head, the query), so its true floor is lower: time / floor under 1 and "
-              "uncached tokens / stream tokens of 0.65 say that the server computed about two thirds of what 12 "
-              "whole streams would hold; measuring its exact floor needs the 12 prompts themselves."
-                                 if "deciding" in names else ""), "",
+              "little low)." + _deciding_note(rows, names), "",
               *_same_orders(rows, names), "",
               "Per list, seconds (x floor):", "", "| list | generating s | " + " | ".join(names) + " |",
               "|---|---:|" + "---:|" * len(names)]
     for k, r in enumerate(rows):
         lines.append(f"| {k} | {r['generating_s']:.1f} | "
-                     + " | ".join(f"{r[m]['s']:.1f} ({r[m]['over_floor']:.2f})" for m in names) + " |")
+                     + " | ".join(f"{r[m]['s']:.1f} ({r[m]['over_floor']:.2f})" if m in r else "" for m in names) + " |")
+    if info.get("at_once"):
+        c = info["at_once"]
+        lines += ["", f"{c['lists']} lists ranked {c['concurrency']} at once (`rerank_many`, fresh salts), beside "
+                  f"{c['lists']} generating requests {c['concurrency']} at once ({c['generating_s']:.1f} s wall):", "",
+                  "| method | wall s | time / generating | requests | uncached prompt tokens / stream tokens |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {m} | {c[m]['s']:.1f} | {c[m]['over_generating']:.2f} | {c[m]['requests']} | "
+                  f"{c[m]['uncached_over_streams']:.2f} |" for m in ROWS if m in c]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -189,7 +300,13 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "floor"))
     ap.add_argument("--methods", default=ALL,
                     help="the rows to time, separated by ';' (default all: %(default)s)")
-    ap.add_argument("--no-deciding", action="store_true", help="skip the deciding query (about 200 s a list)")
+    ap.add_argument("--no-deciding", action="store_true", help="skip the deciding query")
+    ap.add_argument("--deciding-passages", type=int, default=10, help="the deciding query's window (default 10)")
+    ap.add_argument("--deciding-lists", type=int, default=None, help="a deciding query on the first K lists only")
+    ap.add_argument("--engine", default="llamacpp", choices=("llamacpp", "vllm"),
+                    help="the embedded server's engine (without --base-url)")
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="then rank the lists N at once beside N generating requests at once (default: not)")
     ap.add_argument("--report", action="store_true", help="rewrite the .md from the saved .json, nothing run")
     args = ap.parse_args()
     if args.report:
@@ -203,16 +320,27 @@ def main() -> int:
     lists = bench_lists(args.data)[:args.lists]
     commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    with endpoint(args.base_url, args.model) as ep:
-        rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key or args.api_key, model=ep.model, timeout=3600,
-                            guard=None)
+    methods = tuple(args.methods.split(";"))
+    with endpoint(args.base_url, args.model, engine=args.engine) as ep:
+        key = ep.api_key or args.api_key
+        rr = CapCalReranker(base_url=ep.base_url, api_key=key, model=ep.model, timeout=3600, guard=None)
+        meter = Meter(ep.base_url, key)
         caps = rr.capabilities()
-        info = {"server": caps.server or caps.kind.name, "model": caps.model, "slots": caps.slots, "commit": commit}
+        info: dict[str, Any] = {"server": caps.server or caps.kind.name, "model": caps.model, "slots": caps.slots,
+                                "commit": commit, "prefix_cache_counters": meter.counters}
+        def deciding(k: int) -> int:
+            skip = args.no_deciding or (args.deciding_lists is not None and k >= args.deciding_lists)
+            return 0 if skip else args.deciding_passages
+
         rows = []
         for k, b in enumerate(lists):
-            rows.append(one_list(rr, b.query, list(b.passages)[:args.passages], list(b.grades)[:args.passages],
-                                 list(b.ideal), not args.no_deciding, tuple(args.methods.split(";"))))
+            rows.append(one_list(rr, meter, b.query, list(b.passages)[:args.passages], list(b.grades)[:args.passages],
+                                 list(b.ideal), deciding(k), methods))
             print(f"list {k + 1}/{len(lists)}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+            _write(pathlib.Path(args.out), args, rows, info)
+        if args.concurrency:
+            info["at_once"] = at_once(rr, meter, lists, rows, args.passages, args.concurrency, methods)
+            print(f"at once: {json.dumps(info['at_once'])}", file=sys.stderr, flush=True)
             _write(pathlib.Path(args.out), args, rows, info)
     print(pathlib.Path(args.out).with_suffix(".md").read_text())
     return 0
