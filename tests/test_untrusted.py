@@ -131,7 +131,7 @@ def test_cutting_passages_to_max_passage_words_is_noted():
 
 def test_a_guarded_window_is_visible_per_document():
     ranking = recorded(method="capcal", guard="content")[1].rerank("q", [f"p{i}" for i in range(6)])  # while deciding
-    assert ranking.guarded == (0,)
+    assert ranking.kept_given_order
     assert all(d["kept_given_order"] for d in ranking.details())
     plain = recorded(method="capcal", guard=None)[1].rerank("q", [f"p{i}" for i in range(6)])
     assert not any(d["kept_given_order"] for d in plain.details()) and math.isfinite(plain.scores[0])
