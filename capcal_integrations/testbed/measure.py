@@ -7,13 +7,10 @@ the same draws. Lists are taken in an order shuffled per draw (a decision made o
 not always see the same ones). nDCG@10 is trec_eval's (linear gains, the ideal from all of the
 query's judgements). A test instrument: the numbers say what the rules do on the testbed's model.
 
-**Traffic shapes** (issue 22, :data:`SHAPES`): ``fixed`` ranks every list as loaded (the top 20), one after
-another; ``mixed`` cuts each list to a length drawn from 3..30 (a similarity cut-off or ``top_k``);
-``windows`` cuts each to a length drawn from 50..100 (DL19 and DL20 have 100 candidates per query) and the
-library slides its window (20 passages, stride 10) over it; ``concurrent`` ranks the top 20 of every list
-8 at a time (``arerank_many(concurrency=8)``). Lengths are drawn per draw and list (the same for every
-method of a draw); :data:`SHAPE_TOP` is how many candidates each shape needs from the data.
-:func:`estimate` times a few lists of a shape to say how long a measurement will take.
+The lists and the **traffic shapes** they reach the reranker in (issue 22: ``fixed``, ``mixed``, ``windows``,
+``concurrent``; :data:`~.workload.SHAPES`) are :mod:`.workload`'s; the rows measured and their Markdown tables
+are :mod:`.results`'s (both re-exported here). :func:`estimate` times a few lists of a shape to say how long a
+measurement will take.
 """
 
 from __future__ import annotations
@@ -24,27 +21,26 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from ..errors import InputError
 from .endpoint import PassageIndex, SimulatedServer
 from .model import _digest, scenario
+from .results import PIVOT, Row, pivot, table  # noqa: F401 - re-exported
+from .workload import (  # noqa: F401 - re-exported
+    CONCURRENCY,
+    LENGTHS,
+    SHAPE_TOP,
+    SHAPES,
+    BenchList,
+    bench_lists,
+    shaped,
+)
 
 __all__ = ["BenchList", "METHODS", "SHAPES", "SHAPE_TOP", "bench_lists", "ndcg10", "measure", "Row", "table", "decisions",
            "shaped", "estimate"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BenchList:
-    """One list: its query, passages in first-stage order, their grades, and every judged grade of the query."""
-
-    query: str
-    passages: tuple[str, ...]
-    grades: tuple[int, ...]
-    ideal: tuple[int, ...]
 
 
 #: Methods measured, as ranking options (``None``: the first-stage order). ``default`` is whatever the
@@ -64,61 +60,6 @@ METHODS: dict[str, dict[str, Any] | None] = {
 #: step of the ``capcal-1`` run (every later step the first step's distributions restricted to the labels
 #: left, which is what the testbed's Plackett-Luce model answers), the best of them reported.
 IMPLIED_ALPHAS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
-
-#: The traffic shapes of issue 22 (see the module docstring).
-SHAPES: dict[str, str] = {
-    "fixed": "every list as loaded (the top 20), one after another",
-    "mixed": "each list cut to a length drawn from 3..30, one after another",
-    "windows": "each list cut to a length drawn from 50..100 and ranked with the sliding window (20, stride 10)",
-    "concurrent": "the top 20 of every list, 8 lists at a time (arerank_many, concurrency 8)",
-}
-#: Candidates per list each shape needs from the data (``bench_lists(data, top)``).
-SHAPE_TOP = {"fixed": 20, "mixed": 30, "windows": 100, "concurrent": 20}
-#: The range of list lengths a shape draws from (inclusive), per list and draw.
-LENGTHS = {"mixed": (3, 30), "windows": (50, 100)}
-#: Lists in flight at once in the ``concurrent`` shape.
-CONCURRENCY = 8
-
-
-def bench_lists(data: Any, top: int = 20) -> list[BenchList]:
-    """The first ``top`` candidates of every topic of a dataset (a directory in the shared format or a
-    :class:`~capcal_integrations.evaluation.data.Dataset`)."""
-    from ..evaluation.data import load_dataset
-
-    dataset = load_dataset(data) if not hasattr(data, "topics") else data
-    grades = dataset.grades()
-    out = []
-    for t in dataset.topics:
-        judged = grades.get(t.qid, {})
-        cands = t.candidates[:top]
-        out.append(BenchList(t.query, tuple(c.text if not c.title else f"Title: {c.title} Content: {c.text}" for c in cands),
-                             tuple(judged.get(c.docid, 0) for c in cands), tuple(sorted(judged.values(), reverse=True))))
-    if not out:
-        raise InputError("the dataset has no topics")
-    return out
-
-
-def shaped(lists: Sequence[BenchList], shape: str, seed: int = 0, draw: int = 0) -> list[BenchList]:
-    """The lists as ``shape`` sends them in draw ``draw``: ``mixed`` and ``windows`` cut each list to a length
-    drawn from :data:`LENGTHS` (at most what the list has), the others leave them as they are.
-
-    >>> lists = [BenchList(f"q{i}", tuple(f"p{j}" for j in range(100)), (0,) * 100, ()) for i in range(50)]
-    >>> lengths = [len(b.passages) for b in shaped(lists, "mixed", draw=1)]
-    >>> min(lengths) >= 3 and max(lengths) <= 30 and len(set(lengths)) > 5, lengths == [len(b.passages) for b in
-    ...     shaped(lists, "mixed", draw=1)]
-    (True, True)
-    """
-    if shape not in SHAPES:
-        raise InputError(f"unknown traffic shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    span = LENGTHS.get(shape)
-    if span is None:
-        return list(lists)
-    rng = random.Random(f"{seed}/{draw}/{shape}")
-    out = []
-    for b in lists:
-        n = min(len(b.passages), rng.randint(*span))
-        out.append(replace(b, passages=b.passages[:n], grades=b.grades[:n]))
-    return out
 
 
 def ndcg10(order_grades: Sequence[int], ideal: Sequence[int]) -> float:
@@ -145,36 +86,6 @@ def _decision(reranker: Any) -> Any:
     """The reranker's content decision (None before it is taken, or for a library without the check)."""
     method = getattr(reranker, "content_decision", None)
     return method() if method is not None else None
-
-
-@dataclass(frozen=True)
-class Row:
-    scenario: str
-    s: float
-    method: str
-    ndcg10: float
-    reads_share: float | None
-    ndcg10_se: float = 0.0  # standard error over draws
-    draws: int = 0
-    lists: int = 0
-    seconds: float = 0.0  # per ranking
-    calibrated_share: float | None = None  # lists (windows) ranked calibrated, not kept in their given order
-    requests: float = 0.0  # per ranking, the probe included once per draw
-    prompt_tokens: float = 0.0  # per ranking, as the server reports them
-    uncached_tokens: float = 0.0  # per ranking, prompt tokens not served from a slot's cache
-    note: str = ""
-    shape: str = "fixed"  # the traffic shape (SHAPES)
-    passages: float = 0.0  # mean passages per list ranked
-
-    def json(self) -> dict[str, Any]:
-        out = {"scenario": self.scenario, "s": self.s, "method": self.method, "ndcg10": round(self.ndcg10, 4),
-               "reads_share": None if self.reads_share is None else round(self.reads_share, 4)}
-        return out if self.shape == "fixed" else {**out, "shape": self.shape}
-
-    @property
-    def cell(self) -> str:
-        """The scenario, and the shape unless ``fixed``."""
-        return self.scenario if self.shape == "fixed" else f"{self.scenario} / {self.shape}"
 
 
 def measure(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: Sequence[float], draws: int,
@@ -345,42 +256,3 @@ def estimate(lists: Sequence[BenchList], *, scenarios: Sequence[str], s_values: 
                 reranker.rerank(b.query, list(b.passages))
         per_list[method] = (time.perf_counter() - start) / len(chosen)
     return math.fsum(per_list.values()) * len(lists) * draws * len(scenarios) * len(s_values), per_list
-
-
-def _best_alpha(row: Row) -> str:
-    """The alpha a ``capcal-best`` row names first in its note (``"alpha 1.5; ..."``)."""
-    return row.note.split(";")[0].split()[-1]
-
-
-def table(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table: scenario, s, method, nDCG@10 (standard error over draws), reads share."""
-    out = ["| scenario | s | method | nDCG@10 | reads share |", "|---|---:|---|---:|---:|"]
-    for r in rows:
-        share = "" if r.reads_share is None else f"{r.reads_share:.2f}"
-        method = f"{r.method} (alpha {_best_alpha(r)})" if r.method == "capcal-best" and r.note else r.method
-        out.append(f"| {r.cell} | {r.s:g} | {method} | {r.ndcg10:.4f} ± {r.ndcg10_se:.4f} | {share} |")
-    return "\n".join(out)
-
-
-#: The columns of :func:`pivot`: the methods issue 17 compares against ``s``.
-PIVOT = ("bm25", "vanilla", "capcal-adaptive", "capcal-1", "capcal-chosen", "capcal-best", "default")
-
-
-def pivot(rows: Sequence[Row]) -> str:
-    """nDCG@10 per (scenario, s) in one row each, the methods of :data:`PIVOT` as columns (the default's
-    share of "reads" decisions in brackets; ``capcal-best`` with its alpha)."""
-    cells = {(r.cell, r.s, r.method): r for r in rows}
-    keys = list(dict.fromkeys((r.cell, r.s) for r in rows))
-    out = ["| scenario | s | " + " | ".join(PIVOT) + " |", "|---|---:|" + "---:|" * len(PIVOT)]
-    for name, s in keys:
-        values = []
-        for m in PIVOT:
-            r = cells.get((name, s, m))
-            text = "" if r is None else f"{r.ndcg10:.4f}"
-            if r is not None and m == "default" and r.reads_share is not None:
-                text += f" (reads {r.reads_share:.2f})"
-            if r is not None and m == "capcal-best" and r.note:
-                text += f" (alpha {_best_alpha(r)})"
-            values.append(text)
-        out.append(f"| {name} | {s:g} | " + " | ".join(values) + " |")
-    return "\n".join(out)
