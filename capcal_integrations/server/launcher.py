@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 
 from ..errors import InputError, MissingExtra, ServerError
+from .address import NO_KEY, Endpoint  # noqa: F401 - re-exported (NO_KEY)
 from .gateway import HostedGateway
 from .models import MODELS, _spec, cache_dir, model_path
 from .net import ENGINES, _get_json, _healthy, _url
@@ -35,9 +36,6 @@ log = logging.getLogger(__name__)
 
 #: Where ``capcal serve`` listens by default, and where the commands look for a running server.
 DEFAULT_PORT = 8080
-#: Sent to a local server that checks no key (the hosted gateway): any key, so long as the openai
-#: client does not fall back on ``$OPENAI_API_KEY``.
-NO_KEY = "no-key"
 
 _PACKAGE_ROOT = str(pathlib.Path(__file__).resolve().parent.parent.parent)  # holds capcal_integrations/
 
@@ -220,41 +218,6 @@ def vllm_browser_flags(allow_origin: str | None) -> tuple[str, ...]:
     """vLLM's CORS flags: only ``allow_origin`` may read answers from a web page (none by default; some
     vLLM releases allowed every origin unless told otherwise)."""
     return ("--allowed-origins", json.dumps([allow_origin] if allow_origin else []))
-
-
-
-
-class Endpoint(tuple):
-    """What :func:`endpoint` yields: the pair ``(base_url, model)`` (so ``as (url, model)`` still
-    unpacks), plus :attr:`api_key`, the key to send there.
-
-    ``api_key`` is the local server's own key (or :data:`NO_KEY` for one that checks none), and None
-    for an endpoint the caller named: then the caller's own key applies (``--api-key``, else the
-    openai client's ``$OPENAI_API_KEY``).
-
-    >>> e = Endpoint("http://127.0.0.1:8080/v1", None, "k")
-    >>> url, model = e
-    >>> (url, model, e.api_key, e == ("http://127.0.0.1:8080/v1", None))
-    ('http://127.0.0.1:8080/v1', None, 'k', True)
-    """
-
-    api_key: str | None
-
-    def __new__(cls, base_url: str, model: str | None, api_key: str | None = None) -> Endpoint:
-        self = super().__new__(cls, (base_url, model))
-        self.api_key = api_key
-        return self
-
-    @property
-    def base_url(self) -> str:
-        return self[0]
-
-    @property
-    def model(self) -> str | None:
-        return self[1]
-
-    def __repr__(self) -> str:  # never the key
-        return f"Endpoint({self[0]!r}, {self[1]!r}, api_key={'***' if self.api_key else None})"
 
 
 @contextlib.contextmanager
