@@ -3,24 +3,33 @@
 :func:`make_handler` returns a function from an HTTP request to a response, for a ``MockTransport`` of
 the installed openai's HTTP library (``httpx2`` for openai 3.x, ``httpx`` for 2.x:
 :func:`capcal_integrations.transport.client.http_library`); :func:`clients` wraps it in a sync and an async
-``openai`` client. The fake model's tokenizer is tiny (``[``, `` [``, ``]``, ``>``, digits, capital
-letters, Qwen's three control tokens; any other character is a token of its own) and its next-token
-log-probabilities are pseudo-random but deterministic in the prompt: it reads nothing, so a ranking
+``openai`` client. The fake model (:mod:`.fake_model`) has a tiny tokenizer (``[``, `` [``, ``]``, ``>``,
+digits, capital letters, Qwen's three control tokens; any other character is a token of its own) and its
+next-token log-probabilities are pseudo-random but deterministic in the prompt: it reads nothing, so a ranking
 against it exercises every request, parser and error path, never a model's judgement.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import openai
 
 from ..transport.client import http_library
+from .fake_model import (  # the fake model's; tests import them from here too
+    PIECE,
+    SPECIAL,
+    VOCAB,
+    content_logprobs,
+    decode,
+    distribution,
+    piece_of,
+    split_prompt,
+    symbol,
+    tokenize,
+)
 
 __all__ = ["make_handler", "hosted", "clients", "tokenize", "decode", "split_prompt", "tokenized_texts",
            "Handler", "VOCAB", "SPECIAL"]
@@ -28,66 +37,6 @@ __all__ = ["make_handler", "hosted", "clients", "tokenize", "decode", "split_pro
 httpx2: Any = http_library()  # the installed openai's HTTP library (tests import it from here, under this name)
 #: A request handler: what :func:`make_handler` returns and ``MockTransport`` takes.
 Handler = Callable[[Any], Any]
-
-VOCAB = {" [": 508, "[": 58, "]": 60, " >": 861, ">": 29, "x": 87}
-VOCAB.update({str(d): 15 + d for d in range(10)})
-VOCAB.update({chr(65 + i): 100 + i for i in range(26)})
-PIECE = {v: k for k, v in VOCAB.items()}  # the tokens next-token distributions range over
-#: Qwen's control tokens and ids: parsed from text unless ``parse_special`` is false, as llama.cpp does.
-SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
-_OTHER = 1_000_000  # any other character is its own token, 1_000_000 + its code point (so prompts decode)
-
-
-def tokenize(text: str, *, parse_special: bool = True) -> list[tuple[int, str]]:
-    """The fake model's ``(id, piece)`` tokens of ``text``.
-
-    >>> tokenize(" [12]")
-    [(508, ' ['), (16, '1'), (17, '2'), (60, ']')]
-    """
-    out, i = [], 0
-    while i < len(text):
-        special = next((s for s in SPECIAL if text.startswith(s, i)), None) if parse_special else None
-        piece = special or (text[i:i + 2] if text[i:i + 2] in VOCAB else text[i])
-        out.append((SPECIAL.get(piece) or VOCAB.get(piece) or _OTHER + ord(piece), piece))
-        i += len(piece)
-    return out
-
-
-def piece_of(token: int) -> str:
-    return PIECE.get(token) or {v: k for k, v in SPECIAL.items()}.get(token) or chr(token - _OTHER)
-
-
-def decode(prompt: str | Sequence[str | int]) -> str:
-    """The text of a prompt as sent: a string, token ids, or llama.cpp's mixed list of both."""
-    if isinstance(prompt, str):
-        return prompt
-    return "".join(x if isinstance(x, str) else piece_of(x) for x in prompt)
-
-
-def split_prompt(prompt: list) -> tuple[str, str]:
-    """A llama.cpp mixed prompt as (the chat template's text, the assistant prefix after it): the prefix
-    is the token ids after the prompt's last text element."""
-    last = max(k for k, x in enumerate(prompt) if isinstance(x, str))
-    return decode(prompt[:last + 1]), decode(prompt[last + 1:])
-
-
-def distribution(prompt: str) -> list[tuple[int, float]]:
-    """Deterministic pseudo-random next-token log-probabilities over the whole fake vocabulary."""
-    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
-    weights = {tid: rng.random() ** 3 + 1e-4 for tid in PIECE}
-    total = sum(weights.values())
-    return sorted(((tid, math.log(w / total)) for tid, w in weights.items()), key=lambda e: -e[1])
-
-
-def content_logprobs(prompt: str, top: int) -> dict:
-    dist = distribution(prompt)[:top]
-    entries = [{"id": t, "token": PIECE[t], "bytes": list(PIECE[t].encode()), "logprob": lp} for t, lp in dist]
-    return {"content": [{**entries[0], "top_logprobs": entries}]}
-
-
-def symbol(piece: str) -> str:
-    """How a byte-level BPE tokenizer spells a piece (vLLM's ``token_strs``): a space is ``Ġ``."""
-    return piece.replace(" ", "Ġ")
 
 
 def vllm_completions(body: dict, max_logprobs: int) -> Any:
