@@ -19,7 +19,7 @@ The next token's log-probabilities follow the label distribution of :class:`~.mo
 node, the mass of every remaining label that continues through each next token (a digit, a letter, or
 ``]``), so the joint probability of a label's tokens is its model probability; a little mass goes to
 tokens that are no label. The usage reports prompt tokens and the tokens a llama.cpp slot would have
-cached (the longest common prefix with that slot's previous prompt).
+cached (the longest common prefix with that slot's previous prompt: :mod:`.prefix_cache`).
 
 A test instrument: it shows what the library's rules do on a reranker whose signal and bias are known,
 not what a real model does.
@@ -27,7 +27,6 @@ not what a real model does.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import threading
@@ -41,6 +40,7 @@ import httpx2
 from ..errors import InputError
 from ..prompts.render import QUERY_PLACEHOLDER
 from .model import SlotModel
+from .prefix_cache import PrefixCache
 from .reading import (
     _KEY,
     ASSISTANT_MARKERS,
@@ -80,8 +80,7 @@ class SimulatedServer:
         self.vocab = Vocabulary()
         self.stats = Stats()
         self._prompts: OrderedDict[str, Prompt] = OrderedDict()
-        self._offsets: OrderedDict[str, list[int]] = OrderedDict()
-        self._cache: list[list[str | int]] = [[] for _ in range(max(1, slots))]
+        self._prefix_cache = PrefixCache(slots)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ HTTP
@@ -231,37 +230,12 @@ class SimulatedServer:
             return list(self._prompts.values())
 
     def _cached(self, segments: Sequence[str | int], slot: Any) -> tuple[int, int]:
-        """Prompt tokens of a prompt, and how many a llama.cpp slot would have cached: the common prefix
-        with the previous prompt of the pinned slot (else of the slot that shares most)."""
+        """Prompt tokens of a prompt, and how many a llama.cpp slot would have cached (:mod:`.prefix_cache`)."""
         with self._lock:
-            tokens = sum(len(self._offsets_of(x)) - 1 if isinstance(x, str) else 1 for x in segments)
-            slots = [slot] if isinstance(slot, int) and 0 <= slot < len(self._cache) else range(len(self._cache))
-            hits = {k: self._shared(self._cache[k], segments) for k in slots}
-            best = max(hits, key=lambda k: hits[k])
-            self._cache[best] = list(segments)
+            tokens, hit = self._prefix_cache.use(segments, slot)
             self.stats.prompt_tokens += tokens
-            self.stats.cached_tokens += hits[best]
-        return tokens, hits[best]
-
-    def _offsets_of(self, text: str) -> list[int]:
-        offsets = self._offsets.get(text)
-        if offsets is None:
-            offsets = self._offsets[text] = [0, *_cumulative(pieces(text))]
-            while len(self._offsets) > 256:
-                self._offsets.popitem(last=False)
-        return offsets
-
-    def _shared(self, before: Sequence[str | int], now: Sequence[str | int]) -> int:
-        """Tokens at the start of ``now`` that ``before`` had too."""
-        hit = 0
-        for a, b in zip(before, now):
-            if a == b:
-                hit += len(self._offsets_of(a)) - 1 if isinstance(a, str) else 1
-                continue
-            if isinstance(a, str) and isinstance(b, str):
-                hit += bisect.bisect_right(self._offsets_of(b), _common(a, b)) - 1
-            break
-        return hit
+            self.stats.cached_tokens += hit
+        return tokens, hit
 
 
 def _prompt_list(raw: Any) -> list[Any]:
@@ -278,29 +252,3 @@ def _prompt_list(raw: Any) -> list[Any]:
         if isinstance(x, list) and not any(isinstance(v, int) for v in x):
             raise InputError('"prompt" elements must be a string, a list of tokens, or a list of mixed strings & tokens')
     return list(raw)
-
-
-def _common(a: str, b: str) -> int:
-    """Length of the common prefix of two strings (bisection on slices: fast for long prompts).
-
-    >>> _common("abcdef", "abcxyz"), _common("", "a"), _common("same", "same")
-    (3, 0, 4)
-    """
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _cumulative(parts: Sequence[str]) -> list[int]:
-    out, total = [], 0
-    for p in parts:
-        total += len(p)
-        out.append(total)
-    return out
-
-
