@@ -1,4 +1,4 @@
-"""From stored records to numbers: quality, significance, position bias, needle ranks and cost.
+"""From stored records to numbers: quality, significance, position bias, needle ranks and cost (:mod:`.cost`).
 
 Everything here reads a :class:`~.store.Store` and computes; no reranking, no plotting.
 """
@@ -13,7 +13,6 @@ from typing import Any
 
 from ..calibration.formulas import shares
 from ..calibration.tuning import calibrated_order
-from ..options import CALIBRATED_METHODS
 from ..ranking.orders import borda, order_of_scores
 from .bias import (
     expected_kl_uniform,
@@ -24,9 +23,10 @@ from .bias import (
     position_histogram,
     rank_of,
 )
+from .cost import Cost, cost, standalone_seconds  # noqa: F401 - re-exported
 from .data import Dataset, ScoredDoc, run_of
 from .metrics import CANDIDATES_NDCG, MEASURES, PairedTest, mean, paired_test, per_query
-from .store import Store, record_key
+from .store import Store
 
 __all__ = ["Quality", "quality", "Bias", "bias", "input_tau", "needle_ranks", "auc", "content_auc", "signal_split",
            "Cost", "cost", "standalone_seconds", "borda_of_shuffles",
@@ -156,67 +156,6 @@ def needle_ranks(store: Store, key: str) -> dict[str, dict[int, int]]:
     for r in store.select("needle", key):
         out.setdefault(r["qid"], {})[int(r["position"])] = rank_of(r["order"], r["needle"])
     return out
-
-
-@dataclass
-class Cost:
-    """Mean per reranking: HTTP requests, prompt tokens (and those the server found cached), completion
-    tokens and wall seconds, over ``n`` rerankings; also the median wall time, which a shared, noisy
-    machine moves less than the mean."""
-
-    n: int
-    requests: float
-    prompt_tokens: float
-    cached_tokens: float
-    completion_tokens: float
-    seconds: float
-    median_seconds: float
-    median_standalone: float  # median of :func:`standalone_seconds`
-
-    @property
-    def uncached_tokens(self) -> float:
-        return self.prompt_tokens - self.cached_tokens
-
-
-def cost(store: Store, key: str, qids: Sequence[str] | None = None, kind: str = "rank") -> Cost | None:
-    recs = [r for r in store.select(kind, key) if qids is None or r["qid"] in qids]
-    if not recs:
-        return None
-    u = [r["usage"] for r in recs]
-    return Cost(len(recs), mean([x["requests"] for x in u]), mean([x["prompt_tokens"] for x in u]),
-                mean([x["cached_tokens"] for x in u]), mean([x["completion_tokens"] for x in u]),
-                mean([r["seconds"] for r in recs]), statistics.median(r["seconds"] for r in recs),
-                statistics.median(standalone_seconds(store, r) for r in recs))
-
-
-def _uncached(rec: dict[str, Any]) -> int:
-    return rec["usage"]["prompt_tokens"] - rec["usage"]["cached_tokens"]
-
-
-def standalone_seconds(store: Store, rec: dict[str, Any]) -> float:
-    """Wall time a reranking would have taken on its own, estimated: methods run back to back per
-    query, so a method that found the real prompt already prefilled (its uncached prompt tokens are
-    under half of what ``first-token``, run earlier on the same list, had to prefill) is charged
-    ``first-token``'s time, i.e. one cold prefill of the real prompt; a calibrated method with the
-    default placeholder that also ran after ``first-token-capcal`` is charged that one's time too
-    (the empty prompt's prefill). PSC's shuffled prompts are always cold: it is charged nothing."""
-    def earlier(method: str) -> dict[str, Any] | None:
-        other = store.get(record_key(rec["kind"], method, rec["qid"], rec.get("variant", "")))
-        ok = other and other.get("time") and rec.get("time") and other["time"] <= rec["time"]
-        return other if ok and other["input"] == rec["input"] else None
-
-    seconds = rec["seconds"]
-    method = rec["method"]
-    ft = earlier("first-token")
-    if method == "first-token" or ft is None or _uncached(rec) >= _uncached(ft) / 2:
-        return seconds
-    seconds += ft["seconds"]
-    ftc = earlier("first-token-capcal")
-    base, _, options = method.partition(":")
-    calibrated = base in CALIBRATED_METHODS and "placeholder=" not in options
-    if calibrated and method != "first-token-capcal" and ftc is not None:
-        seconds += ftc["seconds"]
-    return seconds
 
 
 def first_token_sweep(store: Store, key: str, alphas: Sequence[float], *, form: str = "additive",
