@@ -1,7 +1,8 @@
 """A content decision and what it is about: the decision's key (the served model, a fingerprint of its weights and
 every option that changes the readings) and :class:`ContentDecision`, the record a check, judged queries or a
-saved file produce (:mod:`.content_check` takes them; :mod:`.saved_decisions` keeps them). Pure: no I/O but
-reading a decision's JSON text or a file holding it (:func:`load_decision`)."""
+saved file produce (:mod:`.content_check` takes them; :mod:`.saved_decisions` keeps them, under the key's
+:func:`key_id` and only where :func:`kept` says so). Pure: no I/O but reading a decision's JSON text or a file
+holding it (:func:`load_decision`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .evidence import LEVEL
 from .rules import RULES
 from .typed_json import fields_of
 
-__all__ = ["KEY_OPTIONS", "Key", "decision_key", "ContentDecision", "load_decision"]
+__all__ = ["KEY_OPTIONS", "Key", "decision_key", "key_id", "kept", "ContentDecision", "load_decision"]
 
 #: The options that change the readings, and so a decision: each is part of its key.
 KEY_OPTIONS = ("template", "placeholder", "prompt", "labels", "calibration", "probability", "decoding", "normalise",
@@ -46,6 +47,26 @@ def decision_key(model: str, weights: str, opts: Any) -> Key:
     # the content rule's keys stay as they were before there were rules (its saved decisions still apply)
     rule = (("rule", RULES[opts.guard].key),) if opts.guard is not None and RULES[opts.guard].key else ()
     return (("model", str(model)), ("weights", str(weights)), *values.items(), *rule)
+
+
+def kept(key: Key) -> bool:
+    """Whether decisions of ``key`` are kept: where the server reports its weights (a fingerprint in the key:
+    llama.cpp, vLLM, SGLang). A served name alone (hosted APIs, Ollama) does not tell a restart that the model is
+    the same one: pass ``decision=`` there.
+
+    >>> kept((("model", "m"), ("weights", "sha256:1"))), kept((("model", "gpt"), ("weights", "")))
+    (True, False)
+    """
+    return bool(dict(key).get("weights"))
+
+
+def key_id(key: Key) -> str:
+    """A key's file name (without ``.json``): 16 hex digits of its SHA-256.
+
+    >>> len(key_id((("model", "m"), ("weights", "")))), key_id((("model", "m"),)) == key_id((("model", "n"),))
+    (16, False)
+    """
+    return hashlib.sha256(json.dumps([list(p) for p in key]).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

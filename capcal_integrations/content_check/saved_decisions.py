@@ -5,8 +5,8 @@ the reading options and the rule), so a restart on the same model and options ra
 deciding prompt, and never with another model's. Where: ``$CAPCAL_DECISIONS_DIR``, else ``decisions/`` in the
 cache folder of ``capcal serve`` (``$CAPCAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/capcal``, else
 ``~/.cache/capcal``), as the environment says when a reranker is made; ``CAPCAL_DECISIONS_DIR=off`` keeps
-nothing. Only decisions about weights the server reports are kept (:func:`kept`): a served name alone is not the
-same model after a restart.
+nothing. Only decisions about weights the server reports are kept (:func:`~.decision.kept`): a served name
+alone is not the same model after a restart.
 
 * Each file is ``<id>.json`` (``id``: the first 16 hex digits of the key's SHA-256), written whole to a temporary
   file beside it and renamed over it (``os.replace``): a reader sees the old decision or the new one, never half.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from typing import Any
 from ..errors import InputError
 from . import saved_readings
 from .contrast import Reading
-from .decision import ContentDecision, Key
+from .decision import ContentDecision, Key, kept, key_id  # kept, key_id: re-exported (decision.py holds them)
 
 try:
     import fcntl
@@ -63,26 +62,6 @@ def folder() -> pathlib.Path | None:
         return pathlib.Path(os.environ["CAPCAL_CACHE_DIR"]).expanduser() / "decisions"
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache") / "capcal" / "decisions"
-
-
-def kept(key: Key) -> bool:
-    """Whether decisions of ``key`` are kept: where the server reports its weights (a fingerprint in the key:
-    llama.cpp, vLLM, SGLang). A served name alone (hosted APIs, Ollama) does not tell a restart that the model is
-    the same one: pass ``decision=`` there.
-
-    >>> kept((("model", "m"), ("weights", "sha256:1"))), kept((("model", "gpt"), ("weights", "")))
-    (True, False)
-    """
-    return bool(dict(key).get("weights"))
-
-
-def key_id(key: Key) -> str:
-    """A key's file name (without ``.json``): 16 hex digits of its SHA-256.
-
-    >>> len(key_id((("model", "m"), ("weights", "")))), key_id((("model", "m"),)) == key_id((("model", "n"),))
-    (16, False)
-    """
-    return hashlib.sha256(json.dumps([list(p) for p in key]).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

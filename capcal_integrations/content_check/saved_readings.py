@@ -3,7 +3,7 @@
 The check needs a median of 8-15 queries to decide, minutes a query on a CPU server; a script that ranks a few
 lists and exits would otherwise start every run at "0 queries read" and never decide. So each query read is kept
 under ``readings/<id>.json`` in the decisions folder (:func:`~.saved_decisions.folder`; ``id``: the key's, as
-:func:`~.saved_decisions.key_id`), and the next process's check on the same key goes on from there. The file goes
+:func:`~.decision.key_id`), and the next process's check on the same key goes on from there. The file goes
 once the key has a decision (the decision's own file then holds what matters).
 
 * What is kept: each query's reading (its first-step log-probabilities by slot, :class:`~.contrast.Reading`) and
