@@ -20,7 +20,7 @@ from ..prompts.files import prompt_text
 from ..prompts.untrusted import Prompt
 from ..types import Capabilities
 from .answers import Alternatives, completion_alternatives, excerpt, parse_tokens, top_entries
-from .calls import Call, EndpointState, Flow, Token, text_messages
+from .calls import CHAT, COMPLETIONS, OPENAI_ROUTES, Call, EndpointState, Flow, Token, text_messages  # routes re-exported
 
 __all__ = ["Kind", "Tokenizer", "register", "kind_of", "tokenizer_of", "Query", "TokenLogprobs", "Lists", "optional",
            "unsupported", "readable", "entries", "count", "two_choices", "MAX_SLOTS", "MAX_CONTEXT",
@@ -30,10 +30,7 @@ log = logging.getLogger("capcal_integrations.endpoints.probe")  # what the probe
 
 TokenLogprobs = dict[Token, float]  # wanted token -> logprob (missing = not in the top-k)
 
-#: The OpenAI routes, relative to ``base_url``; both document a ``user`` field in the body.
-COMPLETIONS, CHAT = "completions", "chat/completions"
-OPENAI_ROUTES = (COMPLETIONS, CHAT)
-#: The servers (``Capabilities.server``) known to take ``user`` on those routes.
+#: The servers (``Capabilities.server``) known to take ``user`` on the OpenAI routes (:data:`OPENAI_ROUTES`).
 TAKES_USER = ("llama.cpp", "vllm", "sglang")
 
 

@@ -1,6 +1,7 @@
-"""The wire protocol's primitives, below everything that speaks it: one HTTP request (:class:`Call`), a
-:data:`Flow` (a generator that yields lists of calls and receives their decoded answers), the per-endpoint
-state (:class:`EndpointState`), and how messages and untrusted text go as chat messages.
+"""The wire protocol's primitives, below everything that speaks it: one HTTP request (:class:`Call`; the
+OpenAI routes it may name, :data:`OPENAI_ROUTES`), a :data:`Flow` (a generator that yields lists of calls and
+receives their decoded answers), the per-endpoint state (:class:`EndpointState`), and how messages and
+untrusted text go as chat messages.
 
 Free of I/O. Everything that talks to an endpoint is a :data:`Flow` that *yields* a list of :class:`Call`
 and *receives* the list of decoded JSON answers (or has an :class:`~capcal_integrations.errors.EndpointError`
@@ -23,10 +24,14 @@ from ..types import Capabilities
 from .caches import RankingTemplates, TemplateCache
 from .slots import SlotPins
 
-__all__ = ["Call", "Flow", "Token", "EndpointState", "SLOT", "chat_messages", "text_messages"]
+__all__ = ["Call", "Flow", "Token", "EndpointState", "SLOT", "COMPLETIONS", "CHAT", "OPENAI_ROUTES", "chat_messages",
+           "text_messages"]
 
 #: llama.cpp's field that pins a request to one of its slots (the slot that holds the prompt's prefix).
 SLOT = "id_slot"
+#: The OpenAI routes, relative to ``base_url``; both document a ``user`` field in the body.
+COMPLETIONS, CHAT = "completions", "chat/completions"
+OPENAI_ROUTES = (COMPLETIONS, CHAT)
 
 T = TypeVar("T")
 Token = tuple[int, str]  # (id, piece)
