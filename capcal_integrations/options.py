@@ -39,22 +39,9 @@ from .prompts.render import (
     labels,
     resolve_template,
 )
+from .types import Method  # re-exported: options.Method, as before
 
 __all__ = ["Options", "Method", "METHOD_TABLE", "METHODS", "CALIBRATED_METHODS", "OPTION_NAMES", "PRESETS", "option_docs"]
-
-@dataclass(frozen=True)
-class Method:
-    """What a ranking method does, so that the flows ask it rather than compare names: ``calibrated``: it runs
-    the content-free prompt and calibrates against it; ``first_only``: it reads the first decoding step only
-    (one request per window); ``answers_suffice``: where an endpoint returns no log-probabilities it can still
-    rank from the model's answers alone; ``shuffles``: permutation self-consistency (``m`` shuffled rankings, Borda)."""
-
-    name: str
-    calibrated: bool
-    first_only: bool = False
-    answers_suffice: bool = False
-    shuffles: bool = False
-
 
 #: Every ranking method of the engine, by name (the one table). ``auto`` runs ``capcal`` where the endpoint can
 #: continue an assistant prefix and ``first-token-capcal`` where it cannot (hosted chat APIs).

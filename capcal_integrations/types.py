@@ -13,7 +13,7 @@ from .errors import InputError
 def _deprecated(message: str) -> None:
     warnings.warn(message + "; it goes in a later release", FutureWarning, stacklevel=3)
 
-__all__ = ["Document", "Step", "Usage", "Ranking", "Capabilities", "as_document"]
+__all__ = ["Document", "Step", "Usage", "Ranking", "Capabilities", "Method", "as_document"]
 
 
 @dataclass(frozen=True)
@@ -243,3 +243,18 @@ class Capabilities:
     chat: bool = False
     weights: str = ""  # a fingerprint of the served weights, from what the server reports (see .probe)
     kind: Any = field(default=None, compare=False, repr=False)  # the probe's choice (see above)
+
+
+@dataclass(frozen=True)
+class Method:
+    """What a ranking method does (one per name in :data:`~.options.METHOD_TABLE`), so that the flows ask it
+    rather than compare names: ``calibrated``: it runs the content-free prompt and calibrates against it;
+    ``first_only``: it reads the first decoding step only (one request per window); ``answers_suffice``: where an
+    endpoint returns no log-probabilities it can still rank from the model's answers alone; ``shuffles``:
+    permutation self-consistency (``m`` shuffled rankings, Borda)."""
+
+    name: str
+    calibrated: bool
+    first_only: bool = False
+    answers_suffice: bool = False
+    shuffles: bool = False
