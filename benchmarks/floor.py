@@ -97,6 +97,8 @@ class Meter:
         return None if not re.search(r"^vllm:prefix_cache_queries", text, re.M) else (found[0], found[1])
 
     def uncached(self, before: tuple[float, float] | None, prompt_tokens: int, cached_tokens: int) -> float:
+        if before is not None:
+            time.sleep(1)  # the server counts a request's tokens as its engine step is logged, just after answering
         after = self.read() if before is not None else None
         if before is None or after is None:
             return prompt_tokens - cached_tokens

@@ -134,7 +134,7 @@ def test_depth_keeps_the_full_decodings_top_and_marks_the_rest(method):
 def test_a_window_kept_in_its_given_order_is_not_called_cut():
     rr = _reranker(method="capcal").with_options(guard="content", depth=3)  # the check keeps the list while it decides
     ranking = rr.rerank("a query", PASSAGES)
-    assert ranking.guarded == (0,) and ranking.order == tuple(range(8)) and ranking.kept_given_order
+    assert ranking.order == tuple(range(8)) and ranking.kept_given_order
     assert ranking.decoded == 0 and not any(n.startswith("depth=") for n in ranking.notes)
     assert all(d["kept_given_order"] and not d["decoded"] for d in ranking.details())
 

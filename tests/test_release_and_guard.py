@@ -87,7 +87,7 @@ def test_a_number_for_guard_is_read_as_the_content_check_with_a_warning(method, 
         rr = reranker(method=method, guard=z)
     assert rr.options.guard == DEFAULT_RULE
     ranking = rr.rerank("q", PASSAGES)
-    assert ranking.kept_given_order and ranking.method == "given-order" and ranking.agreement == ()
+    assert ranking.kept_given_order and ranking.method == "given-order"
     assert "content check deciding" in ranking.notes[0] and ranking.steps == ()
     plain = reranker(method=method).rerank("q", PASSAGES)
     assert (plain.order, plain.notes) == (ranking.order, ranking.notes)
@@ -96,7 +96,7 @@ def test_a_number_for_guard_is_read_as_the_content_check_with_a_warning(method, 
 def test_a_number_for_guard_leaves_uncalibrated_methods_alone():
     with pytest.warns(FutureWarning):
         ranking = reranker(method="vanilla", guard=1e9).rerank("q", PASSAGES)
-    assert ranking.agreement == () and ranking.guarded == () and not ranking.kept_given_order
+    assert not ranking.kept_given_order
 
 
 def test_release_sends_passages_as_the_authors_code_does():
