@@ -9,8 +9,9 @@ server in one run, interleaved:
   ``--deciding-passages`` (its readings of the window, :func:`~capcal_integrations.ranking.decoding.check_readings`);
 * **the floor** of each: prefilling each distinct stream once (a request that generates one token, timed on a
   cold copy of the stream) plus the evaluations the method cannot avoid (the decoded ranking's tokens, at the
-  per-token time of the generating request): vanilla = prefill(real) + tokens x t_token; capcal = prefill(real)
-  + prefill(empty) + 2 x tokens x t_token. A deciding query's floor is measured on its own streams: each of them
+  server's per-token time t_token: 33 tokens against 1 generated on the generating request's prompt, once
+  cached): vanilla = prefill(real) + tokens x t_token; capcal = prefill(real) + prefill(empty) + 2 x tokens x
+  t_token. A deciding query's floor is measured on its own streams: each of them
   (the rule's orders of the window with the query and with the query replaced, and the empty prompt; a fresh
   salt) sent once as a one-token request, one after another (on llama.cpp in one slot), plus each stream's
   identifier-trie nodes but the first (the one-token request already read that one) at t_token.
@@ -60,12 +61,15 @@ from capcal_integrations.testbed.measure import bench_lists, ndcg10  # noqa: E40
 from capcal_integrations.transport.drivers import run_sync  # noqa: E402
 
 
-def _chat(rr: CapCalReranker, messages: Any, max_tokens: int, slot: int | None = None) -> tuple[float, int, int]:
-    """One chat completion (on llama.cpp's ``slot`` if given): seconds, prompt tokens, completion tokens."""
+def _chat(rr: CapCalReranker, messages: Any, max_tokens: int, slot: int | None = None, ignore_eos: bool = False
+          ) -> tuple[float, int, int]:
+    """One chat completion (on llama.cpp's ``slot`` if given; ``ignore_eos``: exactly ``max_tokens`` generated):
+    seconds, prompt tokens, completion tokens."""
+    extra = {**({} if slot is None else {"id_slot": slot}), **({"ignore_eos": True} if ignore_eos else {})}
     started = time.perf_counter()
     answer = rr.client.chat.completions.create(model=rr.capabilities().model, temperature=0, max_tokens=max_tokens,
                                                messages=[{"role": r, "content": c} for r, c in messages],
-                                               extra_body={} if slot is None else {"id_slot": slot})
+                                               extra_body=extra)
     usage = answer.usage
     return time.perf_counter() - started, usage.prompt_tokens, usage.completion_tokens
 
@@ -123,11 +127,14 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
              deciding: int = 10, rows: tuple[str, ...] = ROWS) -> dict[str, Any]:
     opts = rr.options
     row: dict[str, Any] = {"query": query, "passages": len(passages), "grades": grades, "ideal": ideal}
-    # the generating peer, and the server's per-token time from it (one token against up to 100)
-    gen_s, gen_prompt, gen_tokens = _chat(rr, _messages(RANK_GPT, query, _salted(passages)), 100)
-    one_s, _, _ = _chat(rr, _messages(RANK_GPT, query, _salted(passages)), 1)
-    per_token = max(0.0, (gen_s - one_s) / max(1, gen_tokens - 1))
-    row.update(generating_s=round(gen_s, 2), generating_tokens=gen_tokens, per_token_s=round(per_token, 4))
+    # the generating peer; then the server's time per generated token, on its prompt now cached (33 tokens, the end
+    # of text ignored, against 1: the model may stop after a few tokens, too few to time one)
+    slot = 0 if rr.capabilities().slots > 1 else None
+    gen = _messages(RANK_GPT, query, _salted(passages))
+    gen_s, gen_prompt, gen_tokens = _chat(rr, gen, 100, slot)
+    per_token = max(0.0, (_chat(rr, gen, 33, slot, True)[0] - _chat(rr, gen, 1, slot)[0]) / 32)
+    row.update(generating_s=round(gen_s, 2), generating_tokens=gen_tokens, per_token_s=round(per_token, 4),
+               per_token_timed=True)
     # the floor's prefills: the library's real stream and its empty stream, each cold
     real_s, real_tokens, _ = _chat(rr, _messages(opts.template, query, _salted(passages)), 1)
     empty_s, empty_tokens, _ = _chat(rr, _messages(opts.template, query, [DEFAULT_PLACEHOLDER] * len(passages)), 1)
@@ -229,6 +236,16 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
     return [" ".join(lines)]
 
 
+def _per_token_note(rows: list[dict[str, Any]]) -> str:
+    if "generating_tokens" in rows[0] and all(r["generating_tokens"] >= 20 for r in rows) or "per_token_timed" in rows[0]:
+        return ("The per-token time is the server's, timed per list on the generating request's prompt once cached "
+                f"(median {1000 * statistics.median(r['per_token_s'] for r in rows):.0f} ms), and the generating "
+                f"request wrote a median of {statistics.median(r['generating_tokens'] for r in rows):.0f} tokens.")
+    return ("Read with care: the per-token time comes from each list's own generating request, and is 0 where the "
+            "model stopped after a few tokens (then that list's vanilla and capcal floors are its prefills alone, a "
+            "little low).")
+
+
 def _deciding_note(rows: list[dict[str, Any]], names: list[str]) -> str:
     if "deciding" not in names:
         return ""
@@ -271,9 +288,7 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
                      f"{d['uncached_over_streams']:.2f} |")
     g = statistics.median(r["generating_s"] for r in rows)
     lines += ["", f"One generating request (RankGPT's prompt, at most 100 tokens): median {g:.1f} s.", "",
-              "Read with care: the per-token time comes from each list's own generating request, and is 0 where the "
-              "model stopped after a few tokens (then that list's vanilla and capcal floors are its prefills alone, a "
-              "little low)." + _deciding_note(rows, names), "",
+              _per_token_note(rows) + _deciding_note(rows, names), "",
               *_same_orders(rows, names), "",
               "Per list, seconds (x floor):", "", "| list | generating s | " + " | ".join(names) + " |",
               "|---|---:|" + "---:|" * len(names)]
