@@ -167,7 +167,7 @@ def one_deciding(rr: CapCalReranker, meter: Meter, query: str, passages: list[st
                  gen_s: float) -> dict[str, Any]:
     """One deciding query of the default content rule on ``passages``, and its floor measured on its own streams:
     each sent once (a fresh salt) as a one-token request, one after another, plus each stream's trie nodes but the
-    first at the generating request's per-token time."""
+    first at the server's per-token time."""
     opts, rule, n = rr.options.replace(alpha=1.0), RULES["query"], len(passages)
     state = rr._state.for_ranking()
     before = meter.read()
@@ -277,7 +277,8 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
              "` on "
              f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
              "each cold (a fresh salt in every passage), methods interleaved per list. Floor: each distinct stream "
-             "prefilled once plus the decoded answer's tokens at the generating request's per-token time (module "
+             "prefilled once plus the decoded answer's tokens at the "
+             f"{'server' if 'per_token_timed' in rows[0] else 'generating request'}'s per-token time (module "
              "docstring). Medians:", "",
              "| method | seconds | floor s | time / floor | time / generating | requests | uncached prompt tokens / "
              "stream tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
