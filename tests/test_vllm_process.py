@@ -144,6 +144,17 @@ def test_stop_lets_a_server_that_honours_sigterm_exit_without_sigkill(caplog):
     assert "still running" not in caplog.text
 
 
+def test_on_a_cpu_the_prefix_cache_reuses_32_token_blocks_not_128(monkeypatch, tmp_path):
+    """vLLM's CPU build caches whole 128-token blocks by default: each prompt of a decoding step recomputed up to
+    127 tokens of its prefix. A GPU keeps vLLM's own default; a user's --block-size comes later and wins."""
+    monkeypatch.setattr(vllm, "_gpu", lambda: False)
+    cmd = vllm.vllm_command("python", tmp_path, "127.0.0.1", 8000, extra=("--block-size", "64"))
+    assert cmd[cmd.index("--block-size") + 1] == str(vllm.CPU_BLOCK_SIZE) == "32"
+    assert cmd[-2:] == ["--block-size", "64"]
+    monkeypatch.setattr(vllm, "_gpu", lambda: True)
+    assert "--block-size" not in vllm.vllm_command("python", tmp_path, "127.0.0.1", 8000)
+
+
 def test_the_api_key_goes_in_the_environment_never_on_the_command_line(monkeypatch, tmp_path):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     assert "VLLM_API_KEY" not in vllm.vllm_environment()

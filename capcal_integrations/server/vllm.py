@@ -38,6 +38,8 @@ __all__ = ["vllm_python", "check_vllm", "hf_model_dir", "default_dtype", "vllm_c
 
 #: Top-k log-probabilities vLLM may return (its default is 20; a re-ask of a missing label asks for more).
 MAX_LOGPROBS = 1000
+#: The KV-cache block on a CPU (vLLM's CPU default is 128): the prefix cache reuses whole blocks only.
+CPU_BLOCK_SIZE = 32
 _CONVERTER = pathlib.Path(__file__).with_name("convert_hf.py")
 _NEEDED = ("vllm", "transformers", "torch", "gguf")
 
@@ -159,8 +161,10 @@ def vllm_command(python: str, model_dir: pathlib.Path, host: str, port: int, *, 
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
             "--port", str(port), "--served-model-name", alias, "--max-model-len", str(max_model_len),
             "--dtype", dtype or default_dtype(), "--max-logprobs", str(max_logprobs), "--enable-prefix-caching",
-            # on a CPU, graph compilation reruns at every start (about 90 s) for about 10% speed: skip it
-            *([] if _gpu() else ["--enforce-eager"]), *extra]
+            # on a CPU, graph compilation reruns at every start (about 90 s) for about 10% speed: skip it; and the
+            # prefix cache reuses whole blocks, 128 tokens by default there: every prompt of a decoding step
+            # recomputed up to 127 tokens of its prefix. 32 is the smallest the CPU backend does not warn about.
+            *([] if _gpu() else ["--enforce-eager", "--block-size", str(CPU_BLOCK_SIZE)]), *extra]
 
 
 def vllm_environment(api_key: str | None = None) -> dict[str, str]:
