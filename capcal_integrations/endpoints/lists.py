@@ -39,9 +39,9 @@ class PromptLists(Kind):
         """What the kind adds to a request's body, given the tokens its prompts want."""
         return {}
 
-    def deliver(self, state: EndpointState, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]]:
-        """The answers to ``calls``."""
-        return (yield calls)
+    def delivery(self, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]] | None:
+        """A flow that gets the answers to ``calls`` another way than sending them as they are, or None."""
+        return None
 
     def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
         caps = state.caps
@@ -63,7 +63,8 @@ class PromptLists(Kind):
                 body[SLOT] = slot
             calls.append(Call("POST", COMPLETIONS, body))
         try:
-            answers = yield from self.deliver(state, caps, calls)
+            other = self.delivery(caps, calls)
+            answers = (yield from other) if other is not None else (yield calls)
         finally:
             for call in calls:
                 state.slots.release(call.slot)

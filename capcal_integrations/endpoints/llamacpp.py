@@ -7,7 +7,7 @@ control tokens included) around the spans as token ids from ``/tokenize`` with `
 that no passage or query text can become a control token; every assistant prefix follows as token ids, all
 of a prompt's prefixes in one request (:class:`~.lists.PromptLists`), pinned to one of the server's slots.
 Behind a router (``state.routed``) the prompts go as token ids only, one by one (:meth:`LlamaCpp.templates`,
-:meth:`LlamaCpp.deliver`).
+:meth:`LlamaCpp.delivery`).
 """
 
 from __future__ import annotations
@@ -124,10 +124,10 @@ class LlamaCpp(PromptLists):
         yield from _ids_only(state, keys)
         return {key: state.templates[(_IDS, key)] for key in keys}
 
-    def deliver(self, state: EndpointState, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]]:
+    def delivery(self, caps: Capabilities, calls: list[Call]) -> Flow[list[Any]] | None:
         if caps.slots > 1 and any(len(call.body["prompt"]) > 1 and call.slot is None for call in calls):
-            return (yield from _prompt_by_prompt(calls))  # routed, or more prompts than free slots
-        return (yield calls)
+            return _prompt_by_prompt(calls)  # routed, or more prompts than free slots
+        return None
 
 
 LLAMACPP = register(LlamaCpp())

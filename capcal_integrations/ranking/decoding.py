@@ -72,14 +72,6 @@ def _label_spellings(opts: Options, label: str, first: bool) -> list[str]:
     return [("" if first else " ") + label]
 
 
-def _label_scores(state: EndpointState, opts: Options, reader: Reader, streams: Sequence[Any], allowed: Sequence[str],
-                  chosen: Sequence[str]) -> Flow[list[LabelScores]]:
-    """Each allowed label's log-probability after the ``chosen`` ones, for each stream's messages, read the
-    endpoint's way (its :class:`~capcal_integrations.reading.readers.Reader`): by the served model's tokens after
-    the prefix, by token strings after a text prompt, or from the model's answer (first step only)."""
-    return (yield from _READ[reader.route](state, opts, streams, allowed, chosen))
-
-
 def _by_token_ids(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
                   chosen: Sequence[str]) -> Flow[list[LabelScores]]:
     first = not chosen
@@ -104,7 +96,9 @@ def _from_answer(state: EndpointState, opts: Options, streams: Sequence[Any], al
     return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
 
 
-#: How each route's reader reads identifier probabilities (the one table; readers.READERS says what each can do).
+#: How each route's reader reads each allowed label's log-probability after the ``chosen`` ones, for each stream's
+#: messages (the one table; readers.READERS says what each can do): by the served model's tokens after the prefix,
+#: by token strings after a text prompt, or from the model's answer (first step only).
 _READ = {"prefix": _by_token_ids, "text": _by_token_texts, "generation": _from_answer}
 
 
@@ -142,7 +136,7 @@ def check_readings(state: EndpointState, opts: Options, query: str, texts: list[
     asked = (query, QUERY_PLACEHOLDER) if rule.query_free else (query,)
     streams = [render_prompt(opts.template, q, [texts[i] for i in order], ids) for q in asked for order in rule.orders(n)]
     streams.append(render_prompt(opts.template, query, [opts.placeholder] * n, ids))
-    scored = yield from _label_scores(state, opts, reader, streams, ids, [])
+    scored = yield from _READ[reader.route](state, opts, streams, ids, [])
     return Reading(tuple(tuple(x.logprobs) for x in scored[:-1]), tuple(scored[-1].logprobs))
 
 
@@ -162,7 +156,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     while len(remaining) > 1 and (depth is None or len(order) < depth):
         streams = [real] + ([empty] if empty else [])
         try:
-            scored = yield from _label_scores(state, opts, reader, streams, [ids[i] for i in remaining], chosen_labels)
+            scored = yield from _READ[reader.route](state, opts, streams, [ids[i] for i in remaining], chosen_labels)
         except DeadlinePassed:  # what is decided so far (.deadline)
             return Window(order + remaining, confidence, steps, prior, bounds, decoded=len(order), partial=True)
         # renormalised over the labels: entropy, the adaptive rate and the prior always use these

@@ -132,25 +132,17 @@ def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path
     asked = nodes_to_ask(children, form, shared=shared)
     queries = [Query(messages, prefix + node, tuple(children[node]), render)
                for messages, prefix in contexts for node in asked]
-    found = yield from _ask(state, queries, top)
+    found: list[Answer] = []
+    if queries:  # asked once at ``top``; those missing a wanted token again at the endpoint's largest top-k
+        largest = state.caps.max_top_logprobs if state.caps else top
+        found = yield from next_token_logprobs(state, queries, min(top, largest))
+        retry = [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
+        if retry and largest > top and not (state.caps and state.caps.logprob_token_ids):  # else: exactly the wanted
+            again = yield from next_token_logprobs(state, [queries[i] for i in retry], largest)
+            for i, answer in zip(retry, again):
+                found[i] = answer
     return [score_labels(labels, children, dict(zip(asked, found[c * len(asked):(c + 1) * len(asked)])), form)
             for c in range(len(contexts))]
-
-
-def _ask(state: EndpointState, queries: list[Query], top: int) -> Flow[list[Answer]]:
-    """Ask once at ``top``; re-ask those missing a wanted token at the endpoint's largest top-k."""
-    if not queries:
-        return []
-    largest = state.caps.max_top_logprobs if state.caps else top
-    found = yield from next_token_logprobs(state, queries, min(top, largest))
-    if state.caps and state.caps.logprob_token_ids:
-        return found  # the server returned exactly the wanted tokens
-    retry = [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
-    if retry and largest > top:
-        again = yield from next_token_logprobs(state, [queries[i] for i in retry], largest)
-        for i, answer in zip(retry, again):
-            found[i] = answer
-    return found
 
 
 def logsumexp(values: Sequence[float]) -> float:
