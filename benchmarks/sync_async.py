@@ -34,7 +34,12 @@ def main() -> int:
     ap.add_argument("--passages", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=str(HERE / "results" / "sync-async"))
+    ap.add_argument("--report", action="store_true", help="rewrite the .md from the saved .json, nothing run")
     args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    if args.report:
+        saved = json.loads(out.with_suffix(".json").read_text())
+        return _write(out, argparse.Namespace(**saved["args"]), saved["rows"])
     from capcal_integrations.server.launcher import endpoint
 
     lists = bench_lists(args.data)
@@ -56,9 +61,12 @@ def main() -> int:
                 rows.append({"list": k, "turn": turn, "how": how, "s": round(time.perf_counter() - started, 2),
                              "requests": u.requests, "uncached_tokens": u.prompt_tokens - u.cached_tokens})
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    out = pathlib.Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
-    later = [r for r in rows if r["turn"] > 0]
+    return _write(out, args, rows)
+
+
+def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict]) -> int:
+    pairs = [(a, b) for a, b in zip(rows[::2], rows[1::2])]  # each rerank and the arerank right after it
     lines = ["# `rerank` against `arerank`, alternated (issue 35)", "",
              f"`python benchmarks/sync_async.py --data {args.data} --lists {args.lists} --repeats {args.repeats}`: "
              "the packaged 0.5B on the embedded llama.cpp server, capcal (`guard=None`), each list ranked by "
@@ -66,13 +74,15 @@ def main() -> int:
              "| list | turn | driver | seconds | requests | uncached prompt tokens |", "|---:|---:|---|---:|---:|---:|"]
     lines += [f"| {r['list']} | {r['turn']} | `{r['how']}` | {r['s']:.1f} | {r['requests']} | {r['uncached_tokens']} |"
               for r in rows]
-    lines += ["", "After each list's first ranking (which computes the query's empty prompt): median "
-              + ", ".join(f"`{h}` {statistics.median(r['s'] for r in later if r['how'] == h):.1f} s"
-                          for h in ("rerank", "arerank")) + "."]
+    first = [b["s"] - a["s"] for a, b in pairs if a["turn"] == 0]
+    later = [b["s"] - a["s"] for a, b in pairs if a["turn"] > 0]
+    lines += ["", "`arerank` minus the `rerank` just before it, seconds: in each list's first pair (its `rerank` computes "
+              f"the query's empty prompt) {', '.join(f'{d:+.1f}' for d in first)}; in the later pairs "
+              f"{', '.join(f'{d:+.1f}' for d in later)}"
+              + (f" (median {statistics.median(later):+.1f})." if later else ".")]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
