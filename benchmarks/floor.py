@@ -74,6 +74,11 @@ def _chat(rr: CapCalReranker, messages: Any, max_tokens: int, slot: int | None =
     return time.perf_counter() - started, usage.prompt_tokens, usage.completion_tokens
 
 
+def _slot(rr: CapCalReranker) -> int | None:
+    """The llama.cpp slot the timing requests go to (one slot, so that each finds its own prefix), or None."""
+    return 0 if rr.capabilities().slots > 1 else None
+
+
 def _salted(passages: list[str]) -> list[str]:
     """The passages with one fresh salt: no prompt of them is cached from anything before."""
     salt = f" ({random.randrange(10 ** 12)})"
@@ -96,15 +101,16 @@ class Meter:
                 text = answer.read().decode()
         except (urllib.error.URLError, OSError):
             return None
-        found = [sum(float(v) for v in re.findall(rf"^vllm:prefix_cache_{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$",
-                                                  text, re.M)) for name in ("queries", "hits")]
-        return None if not re.search(r"^vllm:prefix_cache_queries", text, re.M) else (found[0], found[1])
+        queries, hits = (re.findall(rf"^vllm:prefix_cache_{name}(?:_total)?(?:{{[^}}]*}})? (\S+)$", text, re.M)
+                         for name in ("queries", "hits"))
+        return (sum(map(float, queries)), sum(map(float, hits))) if queries else None
 
     def uncached(self, before: tuple[float, float] | None, prompt_tokens: int, cached_tokens: int) -> float:
-        if before is not None:
-            time.sleep(1)  # the server counts a request's tokens as its engine step is logged, just after answering
-        after = self.read() if before is not None else None
-        if before is None or after is None:
+        if before is None:
+            return prompt_tokens - cached_tokens
+        time.sleep(1)  # the server counts a request's tokens as its engine step is logged, just after answering
+        after = self.read()
+        if after is None:
             return prompt_tokens - cached_tokens
         return (after[0] - before[0]) - (after[1] - before[1])
 
@@ -129,7 +135,7 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
     row: dict[str, Any] = {"query": query, "passages": len(passages), "grades": grades, "ideal": ideal}
     # the generating peer; then the server's time per generated token, on its prompt now cached (33 tokens, the end
     # of text ignored, against 1: the model may stop after a few tokens, too few to time one)
-    slot = 0 if rr.capabilities().slots > 1 else None
+    slot = _slot(rr)
     gen = _messages(RANK_GPT, query, _salted(passages))
     gen_s, gen_prompt, gen_tokens = _chat(rr, gen, 100, slot)
     per_token = max(0.0, (_chat(rr, gen, 33, slot, True)[0] - _chat(rr, gen, 1, slot)[0]) / 32)
@@ -179,7 +185,7 @@ def one_deciding(rr: CapCalReranker, meter: Meter, query: str, passages: list[st
     streams = [_messages(opts.template, q, [texts[i] for i in order]) for q in (query, QUERY_PLACEHOLDER)
                for order in rule.orders(n)]
     streams.append(_messages(opts.template, query, [opts.placeholder] * n))
-    slot = 0 if rr.capabilities().slots > 1 else None
+    slot = _slot(rr)
     prefills = [_chat(rr, m, 1, slot) for m in streams]
     stream_tokens = sum(p for _, p, _ in prefills)
     nodes = len(nodes_to_ask(label_trie([state.label_tokens[i] for i in labels(n, opts.labels)]), opts.probability))
@@ -237,7 +243,7 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
 
 
 def _per_token_note(rows: list[dict[str, Any]]) -> str:
-    if "generating_tokens" in rows[0] and all(r["generating_tokens"] >= 20 for r in rows) or "per_token_timed" in rows[0]:
+    if "per_token_timed" in rows[0]:
         return ("The per-token time is the server's, timed per list on the generating request's prompt once cached "
                 f"(median {1000 * statistics.median(r['per_token_s'] for r in rows):.0f} ms), and the generating "
                 f"request wrote a median of {statistics.median(r['generating_tokens'] for r in rows):.0f} tokens.")
