@@ -171,3 +171,41 @@ def test_no_import_circles():
 ])
 def test_cycles_finds_circles(graph, expected):
     assert cycles(graph) == expected
+
+
+@pytest.mark.parametrize("method", ["capcal", "vanilla", "first-token-capcal"])
+def test_a_request_is_sent_from_at_most_six_generators(method):
+    """Issue 37's walk: when a warm ranking hands a batch of requests to the driver, the flow is suspended in at
+    most six generators (``rerank_flow`` > ``_sliding`` > ``rank_window`` > ``label_logprobs`` >
+    ``next_token_logprobs`` > the kind's ``send``); ``benchmarks/walk.py`` also counts the file changes."""
+    import types
+
+    from capcal_integrations import CapCalReranker
+    from capcal_integrations.ranking.strategies import rerank_flow
+    from capcal_integrations.testing import clients, make_handler
+    from capcal_integrations.transport.drivers import run_sync
+
+    def depth(flow):
+        n = 0
+        while isinstance(flow, types.GeneratorType):
+            n, flow = n + 1, flow.gi_yieldfrom
+        return n
+
+    def watched(flow, depths):
+        answers = None
+        while True:
+            try:
+                calls = flow.send(answers)
+            except StopIteration as stop:
+                return stop.value
+            depths.append(depth(flow))
+            answers = yield calls
+
+    sync, async_ = clients(make_handler(slots=2))
+    rr = CapCalReranker(client=sync, async_client=async_, method=method, guard=None)
+    passages = [f"passage {k} about topic {k % 3}" for k in range(8)]
+    rr.rerank("a query", passages)  # probes the endpoint, learns the identifiers' tokens
+    depths: list[int] = []
+    ranking, _ = run_sync(watched(rerank_flow(rr._state.for_ranking(), rr.options, "a query", passages), depths), sync)
+    assert sorted(ranking.order) == list(range(8)) and depths
+    assert max(depths) <= 6, depths

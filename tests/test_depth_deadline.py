@@ -23,11 +23,12 @@ import openai
 import pytest
 
 from capcal_integrations import CapCalReranker, EndpointTimeout, InputError
-from capcal_integrations.endpoints.calls import Call
+from capcal_integrations.endpoints.calls import Call, EndpointState
 from capcal_integrations.options import Options
-from capcal_integrations.ranking.deadline import Deadline, DeadlinePassed, partial_order, within
+from capcal_integrations.ranking.deadline import Deadline, DeadlinePassed, partial_order
 from capcal_integrations.ranking.depth import borda_decoded, window_depths
 from capcal_integrations.ranking.orders import borda
+from capcal_integrations.ranking.strategies import rerank_flow
 from capcal_integrations.transport.drivers import run_async, run_sync
 from tests.fake_endpoint import make_handler
 
@@ -95,12 +96,8 @@ def test_depth_and_deadline_options():
             Options(**bad)
 
 
-def test_within_returns_first_stage_order_when_the_flow_cannot():
-    def probing():
-        yield [Call("GET", "models")]
-        raise AssertionError("not reached")
-
-    flow = within(probing(), 4, "capcal", 0.5)
+def test_a_deadline_passed_while_probing_returns_the_first_stage_order():
+    flow = rerank_flow(EndpointState(model="m"), Options(method="capcal", deadline=0.5), "a query", PASSAGES[:4])
     assert next(flow) == [Call("GET", "models")]
     with pytest.raises(StopIteration) as stop:
         flow.throw(DeadlinePassed())

@@ -323,3 +323,20 @@ def test_no_two_requests_in_flight_share_a_llamacpp_slot():
     rankings = asyncio.run(rr.arerank_many(items, concurrency=8))
     assert [sorted(r.order) for r in rankings] == [list(range(5))] * 5
     assert worst and max(worst) == 1
+
+
+def test_a_rankings_view_changes_the_endpoint_only_through_learned():
+    """EndpointState has no write-through ``__setattr__`` (issue 37): a view's assignments are its own, and what
+    it learned about the endpoint reaches the endpoint, and the next view, through ``learned``."""
+    from capcal_integrations.endpoints.calls import EndpointState
+
+    assert "__setattr__" not in vars(EndpointState)
+    endpoint = EndpointState(model="m")
+    view = endpoint.for_ranking()
+    view.declared = ("<x>",)
+    assert endpoint.declared == () and view.declared == ("<x>",)
+    view.learned(controls=frozenset({7}), declared=("<y>",))
+    assert endpoint.controls == view.controls == frozenset({7}) and endpoint.declared == ("<y>",)
+    assert endpoint.for_ranking().controls == frozenset({7})
+    endpoint.learned(controls=frozenset())
+    assert endpoint.controls == frozenset() and view.controls == frozenset({7})

@@ -47,7 +47,7 @@ def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = Non
 
 
 def _key(state: EndpointState, opts: Any) -> Key:
-    return decision_key(state.caps.model, getattr(state.caps, "weights", ""), opts)
+    return decision_key(state.caps.model, state.caps.weights, opts)
 
 
 def check_of(state: EndpointState, opts: Any) -> ContentCheck | None:

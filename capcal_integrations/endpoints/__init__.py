@@ -22,7 +22,7 @@ from typing import Any
 from ..types import Capabilities
 from . import chat as chat_kind
 from . import hosted_completions, llamacpp, ollama, sglang, vllm
-from .answers import parse_tokens
+from .answers import parse_tokens, wanted_logprobs
 from .base import Kind, Lists, Query, TokenLogprobs, kind_of, optional, readable, tokenizer_of
 from .calls import EndpointState, Flow, Token
 from .chat import CHAT_PREFILL
@@ -48,13 +48,12 @@ def tokenize(caps: Capabilities, texts: Sequence[str], *, text: bool = False) ->
 def next_token_logprobs(state: EndpointState, queries: Sequence[Query], top: int
                         ) -> Flow[list[tuple[TokenLogprobs, float]]]:
     """For each query: the wanted tokens found in the top-``top`` and the smallest logprob returned
-    (an upper bound for any token not returned), through the kind the probe chose (``kind.send``,
-    ``kind.read``). Queries on the same messages share one request where the endpoint takes prompt lists."""
+    (an upper bound for any token not returned), through the kind the probe chose (``kind.send``), read by
+    :func:`~.answers.wanted_logprobs`. Queries on the same messages share one request where the endpoint takes prompt lists."""
     caps = state.caps
     assert caps is not None, "probe the endpoint first"
-    kind = kind_of(caps)
-    choices = yield from kind.send(state, queries, top)
-    return [kind.read(choice, q.want) for q, choice in zip(queries, choices)]
+    choices = yield from kind_of(caps).send(state, queries, top)
+    return wanted_logprobs(choices, [q.want for q in queries])
 
 
 def span_ids(caps: Capabilities, texts: Sequence[str]) -> Flow[list[list[int]]]:

@@ -23,9 +23,9 @@ from typing import Any
 from ..errors import ResponseError, excerpt  # noqa: F401 - excerpt: re-exported (its users import it here)
 from ..types import Usage
 
-__all__ = ["LOGPROB_FLOOR", "MAX_ALTERNATIVES", "malformed", "excerpt", "usage_of", "parse_tokens", "top_entries", "choices_of",
-           "first_choice", "template_of", "completion_alternatives", "generated", "Entry", "Alternatives",
-           "Generated"]
+__all__ = ["LOGPROB_FLOOR", "MAX_ALTERNATIVES", "malformed", "excerpt", "usage_of", "parse_tokens", "wanted_logprobs",
+           "top_entries", "choices_of", "first_choice", "template_of", "completion_alternatives", "generated", "Entry",
+           "Alternatives", "Generated"]
 
 #: The most alternatives read at one position (the library asks for at most 1000; llama.cpp answers as many).
 MAX_ALTERNATIVES = 4096
@@ -139,6 +139,25 @@ def _piece(piece: Any, body: Any) -> str:
     if isinstance(piece, list) and all(_integer(b) and 0 <= b < 256 for b in piece):
         return bytes(piece).decode("utf-8", "replace")
     raise malformed("a /tokenize token's 'piece' is neither text nor a list of bytes", body)
+
+
+def wanted_logprobs(choices: Sequence[Any], wants: Sequence[Sequence[tuple[int, str]]]
+                    ) -> list[tuple[dict[tuple[int, str], float], float]]:
+    """Per choice, the wanted ``(id, piece)`` tokens among its first-position alternatives (by id where the
+    server gave ids, else by text) with their logprobs, and the smallest logprob returned (an upper bound for
+    any token not returned); a :class:`~..errors.ResponseError` for a choice without top log-probabilities."""
+    out = []
+    for choice, want in zip(choices, wants):
+        entries = top_entries(choice)
+        if not entries:
+            raise ResponseError("the answer carries no top log-probabilities", body=choice)
+        by_id = {i: v for i, _, v in entries if i is not None}
+        by_piece: dict[str, float] = {}
+        for _, piece, value in entries:
+            by_piece[piece] = max(value, by_piece.get(piece, float("-inf")))
+        values = [(token, by_id.get(token[0]) if by_id else by_piece.get(token[1])) for token in want]
+        out.append(({token: v for token, v in values if v is not None}, min(v for _, _, v in entries)))
+    return out
 
 
 def top_entries(choice: Any) -> list[Entry]:

@@ -1,11 +1,10 @@
 """What an endpoint kind is (:class:`Kind`), what a tokenizer dialect is (:class:`Tokenizer`), and the
 small pieces every kind's probe and transport share. Free of I/O: every request is a :data:`~..calls.Flow`.
 
-A kind says how it renders and sends the prompts of one decoding step (:meth:`Kind.send`), how it reads an
-answer's log-probabilities (:meth:`Kind.read`), how its requests route (:meth:`Kind.takes_user`) and what it
-can do (its flags, and :meth:`Kind.route`: prefix, text or generation). The probe picks one
-(:func:`~.choose`) and stores it in :attr:`~..types.Capabilities.kind`; nothing else in the core asks which
-kind it is talking to.
+A kind says how it renders and sends the prompts of one decoding step (:meth:`Kind.send`; every kind's answers
+are read by :func:`~.answers.wanted_logprobs`) and what it can do (its flags, and :meth:`Kind.route`: prefix,
+text or generation). The probe picks one (:func:`~.choose`) and stores it in :attr:`~..types.Capabilities.kind`;
+nothing else in the core asks which kind it is talking to.
 """
 
 from __future__ import annotations
@@ -106,23 +105,6 @@ class Kind:
             "endpoint is read instead)", missing="assistant prefill")
         yield
 
-    def read(self, choice: Any, want: Sequence[Token]) -> tuple[TokenLogprobs, float]:
-        """The wanted tokens among a choice's first-position alternatives, by id where the server gave ids,
-        else by text; and the smallest logprob returned (an upper bound for any token not returned)."""
-        found_entries = top_entries(choice)
-        if not found_entries:
-            raise ResponseError("the answer carries no top log-probabilities", body=choice)
-        by_id = {i: v for i, _, v in found_entries if i is not None}
-        by_piece: dict[str, float] = {}
-        for _, piece, value in found_entries:
-            by_piece[piece] = max(value, by_piece.get(piece, float("-inf")))
-        found = {}
-        for token in want:
-            value = by_id.get(token[0]) if by_id else by_piece.get(token[1])
-            if value is not None:
-                found[token] = value
-        return found, min(v for _, _, v in found_entries)
-
     def text_context(self, state: EndpointState, messages: Prompt, prompt: str) -> Any:
         """What the ``text`` route continues for ``messages`` (:mod:`...textlabels`): here the prompt rendered
         in format ``prompt`` as text, for a plain ``/v1/completions``."""
@@ -132,10 +114,6 @@ class Kind:
         """The ``text`` route's reads: the top-``top`` next token texts after each context
         (:meth:`text_context`) and the assistant text after it; here one text prompt each."""
         return (yield from text_next_tokens(state, [context + text for context, text in reads], top))
-
-    def takes_user(self, caps: Capabilities) -> bool:
-        """Whether the body of the OpenAI routes may carry a routing key in ``user`` (:mod:`..routing`)."""
-        return caps.server in TAKES_USER
 
 
 def text_next_tokens(state: EndpointState, prompts: Sequence[str], top: int) -> Flow[list[Alternatives]]:

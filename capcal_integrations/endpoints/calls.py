@@ -76,7 +76,7 @@ class EndpointState:
     announced: set[tuple[str, str]] = field(default_factory=set)  # what was logged once (method auto's choice)
     content: dict[Any, Any] = field(default_factory=dict)  # content-check decisions per model, prompt, placeholder
     decisions: Any = field(default=None, repr=False, compare=False)  # the reranker's decision store (saved_decisions.Store)
-    # a view's own, never the endpoint's (VIEW_FIELDS):
+    # a view's own, never the endpoint's:
     routed: bool = False  # requests may reach more than one server (Options.routed; see .routing)
     background: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)  # reading runner
     shared: EndpointState | None = field(default=None, repr=False, compare=False)  # the endpoint's state
@@ -91,16 +91,12 @@ class EndpointState:
         return replace(endpoint, templates=RankingTemplates(endpoint.templates), routed=routed, background=background,
                        shared=endpoint)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # what a view learns about the endpoint (the probed capabilities, ...) is the endpoint's
-        endpoint = self.__dict__.get("shared")
-        if endpoint is not None and name not in VIEW_FIELDS:
-            setattr(endpoint, name, value)
-        object.__setattr__(self, name, value)
-
-
-#: The fields of an :class:`EndpointState` view that are its own; an assignment to any other is the endpoint's.
-VIEW_FIELDS = ("templates", "routed", "background", "shared")
+    def learned(self, **facts: Any) -> None:
+        """Record what this view learned about the endpoint (its control tokens, ...) on the view and on the
+        endpoint, so that the next ranking's view starts with it (every other assignment is the view's own)."""
+        for target in (self,) if self.shared is None else (self, self.shared):
+            for name, value in facts.items():
+                setattr(target, name, value)
 
 
 def chat_messages(messages: Messages, prefix: str | None = None) -> list[dict[str, str]]:

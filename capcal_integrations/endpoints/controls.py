@@ -139,8 +139,8 @@ def learn(state: EndpointState, caps: Capabilities, dialect: Dialect, found: Map
     tested.update(fresh)
     if not new:
         return False
-    state.controls = frozenset(state.controls or ()) | {i for i, _ in new}
-    state.declared = tuple(sorted({*state.declared, *(t for _, t in new)} - {""})) or ("",)
+    state.learned(controls=frozenset(state.controls or ()) | {i for i, _ in new},
+                  declared=tuple(sorted({*state.declared, *(t for _, t in new)} - {""})) or ("",))
     return True
 
 
@@ -158,14 +158,14 @@ def learn_template(state: EndpointState, caps: Capabilities, dialect: Dialect) -
         return
     shown = yield from optional(dialect.template(caps))
     if shown is None:  # a server that renders no template as ids (SGLang without messages in /tokenize)
-        state.controls = frozenset()
+        state.learned(controls=frozenset())
         return
     template_of(shown, True)  # a list of ids, or a ResponseError
     strs = shown.get("token_strs") if isinstance(shown, Mapping) else None
     like = {s for s in strs or () if isinstance(s, str) and _CONTROL_LIKE.fullmatch(s)}
     yield from learn(state, caps, dialect, found_in([shown]), "the chat template's /tokenize answer")
-    state.controls = state.controls or frozenset()
-    state.declared = tuple(sorted({*state.declared, *like} - {""})) or ("",)
+    state.learned(controls=state.controls or frozenset(),
+                  declared=tuple(sorted({*state.declared, *like} - {""})) or ("",))
 
 
 def learn_texts(state: EndpointState, caps: Capabilities, texts: Sequence[str]) -> Flow[None]:

@@ -46,28 +46,29 @@ class PromptLists(Kind):
     def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
         caps = state.caps
         assert caps is not None, "probe the endpoint first"
-        keys = list(dict.fromkeys(q.prompt for q in queries))
+        prompts = [(q.messages, q.render) for q in queries]  # Query.prompt, read without a call per query
+        keys = list(dict.fromkeys(prompts))
         missing = [key for key in keys if key not in state.templates]
         if missing:
             yield from self.render(state, caps, missing)
         templates = yield from self.templates(state, keys)
         groups: dict[Key, list[int]] = {}
-        for i, q in enumerate(queries):
-            groups.setdefault(q.prompt, []).append(i)
-        calls = []
+        for i, key in enumerate(prompts):
+            groups.setdefault(key, []).append(i)
+        calls, pinned = [], []
         for key, members in groups.items():
             prompts = [[*templates[key], *(i for i, _ in queries[j].prefix)] for j in members]
             body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0,
                     **self.body(caps, [t for j in members for t in queries[j].want])}
             if caps.slots > 1 and not state.routed and (slot := state.slots.pin(key, caps.slots)) is not None:
                 body[SLOT] = slot
+                pinned.append(slot)
             calls.append(Call("POST", COMPLETIONS, body))
         try:
             other = self.delivery(caps, calls)
             answers = (yield from other) if other is not None else (yield calls)
         finally:
-            for call in calls:
-                state.slots.release(call.slot)
+            state.slots.release(*pinned)
         choices: list[Any] = [None] * len(queries)
         for members, answer in zip(groups.values(), answers):
             for i, choice in zip(members, choices_of(answer, len(members))):

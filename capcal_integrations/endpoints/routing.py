@@ -11,7 +11,7 @@ body's ``user`` field. Without a key, vllm-router hashes the whole body, which d
 :func:`for_list` gives each list a :class:`ListRoute`: a fresh random key (it says nothing about the
 query or the passages), sent in the ``Options.routing_header`` header on every request of the list,
 and in the body's ``user`` field on the OpenAI routes (``completions``, ``chat/completions``) of the
-servers known to take it (``Kind.takes_user``: llama.cpp ignores it, vLLM accepts it). Elsewhere (hosted APIs and gateways,
+servers known to take it (``base.TAKES_USER``: llama.cpp ignores it, vLLM accepts it). Elsewhere (hosted APIs and gateways,
 some of which refuse parameters they do not know) the header alone is sent; the probe's own requests,
 sent before the server is known, carry the header only.
 
@@ -28,7 +28,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .base import OPENAI_ROUTES, kind_of
+from .base import OPENAI_ROUTES, TAKES_USER
 
 if TYPE_CHECKING:
     from .calls import Call, EndpointState
@@ -87,7 +87,7 @@ class ListRoute:
         body = dict(call.body or {})
         caps = self.state.caps if self.state is not None else None
         if (call.method == "POST" and not call.root and call.path in OPENAI_ROUTES and caps is not None
-                and kind_of(caps).takes_user(caps) and "user" not in body):
+                and caps.server in TAKES_USER and "user" not in body):
             body = {"user": self.key, **body}  # first: vllm-router reads the first "user" it finds in the text
         return body, {"headers": {self.header: self.key}}
 

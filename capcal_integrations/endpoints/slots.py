@@ -63,6 +63,7 @@ class SlotPins:
         used = [s for s in self.used if s < slots and s not in self.busy]
         return min(used, key=lambda s: (self.used[s], s)) if used else None
 
-    def release(self, slot: int | None) -> None:
+    def release(self, *slots: int | None) -> None:
+        """The ``slots`` free again (``None``: a prompt that went unpinned)."""
         with self.lock:
-            self.busy.discard(slot)
+            self.busy.difference_update(slots)

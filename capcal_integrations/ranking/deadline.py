@@ -15,8 +15,8 @@ A list of several windows (ranked bottom first, the top window last) keeps time 
 the time left is less than twice the slowest window so far, the lower windows not yet ranked are left out and
 the top window is ranked next (:func:`deadline_skip_note`), so a long list under a deadline still has its
 top places decided rather than none.
-:func:`within` is the flow's last resort: a deadline that passes before any decoding (probing, fitting
-the passages) returns the first-stage order the same way.
+A deadline that passes before any decoding (probing, fitting the passages) returns the first-stage order the
+same way (:func:`first_stage`, the last resort of :func:`~.strategies.rerank_flow`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from ..endpoints.calls import Flow
 from ..types import Ranking
 
-__all__ = ["Deadline", "DeadlinePassed", "partial_order", "deadline_note", "deadline_skip_note", "within", "finish"]
+__all__ = ["Deadline", "DeadlinePassed", "partial_order", "deadline_note", "deadline_skip_note", "first_stage", "finish"]
 
 
 class DeadlinePassed(Exception):  # noqa: N818 - a signal, not an error: it never reaches the caller
@@ -115,15 +115,6 @@ def first_stage(n: int, method: str, seconds: float | None, notes: Sequence[str]
     order = list(range(n))
     scores = tuple((n - r - 1) / n for r in range(n))
     return Ranking(tuple(order), scores, method, notes=(*notes, deadline_note(seconds, 0, n)), decoded=0, partial=True)
-
-
-def within(flow: Flow[Ranking], n: int, method: str, seconds: float | None) -> Flow[Ranking]:
-    """``flow``, except that a :class:`DeadlinePassed` it does not handle (thrown while probing or fitting
-    the passages, before any place can be decided) returns the first-stage order, marked partial."""
-    try:
-        return (yield from flow)
-    except DeadlinePassed:
-        return first_stage(n, method, seconds)
 
 
 def finish(flow: Flow[Any], passed: DeadlinePassed) -> Any:

@@ -77,8 +77,8 @@ def _by_token_ids(state: EndpointState, opts: Options, streams: Sequence[Any], a
     first = not chosen
     prefix = _tokens(state, _prefix_spellings(opts, chosen))
     paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
-    return (yield from label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability,
-                                      top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt))
+    return label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability, top=opts.top_logprobs,
+                          shared=not opts.normalise, render=opts.prompt)
 
 
 def _by_token_texts(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
@@ -87,18 +87,19 @@ def _by_token_texts(state: EndpointState, opts: Options, streams: Sequence[Any],
     first = not chosen
     texts = ["".join(_label_spellings(opts, label, first)) for label in allowed]
     contexts = [kind_of(state.caps).text_context(state, m, opts.prompt) for m in streams]
-    return (yield from text_label_logprobs(state, contexts, texts, prefix="".join(_prefix_spellings(opts, chosen)),
-                                           form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise))
+    return text_label_logprobs(state, contexts, texts, prefix="".join(_prefix_spellings(opts, chosen)),
+                               form=opts.probability, top=opts.top_logprobs, shared=not opts.normalise)
 
 
 def _from_answer(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
                  chosen: Sequence[str]) -> Flow[list[LabelScores]]:
-    return (yield from generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs))
+    return generated_label_logprobs(state, streams, allowed, top=opts.top_logprobs)
 
 
 #: How each route's reader reads each allowed label's log-probability after the ``chosen`` ones, for each stream's
 #: messages (the one table; readers.READERS says what each can do): by the served model's tokens after the prefix,
-#: by token strings after a text prompt, or from the model's answer (first step only).
+#: by token strings after a text prompt, or from the model's answer (first step only). Each returns the reading
+#: module's flow itself (a plain function, not a generator: no frame of its own between the decoding and the reading).
 _READ = {"prefix": _by_token_ids, "text": _by_token_texts, "generation": _from_answer}
 
 

@@ -41,7 +41,7 @@ from ..errors import CapabilityError, InputError
 from ..options import Options
 from ..reading.readers import reader_of
 from ..types import Capabilities, Document, Ranking, Step, as_document
-from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, partial_order, within
+from .deadline import Deadline, DeadlinePassed, deadline_note, deadline_skip_note, finish, first_stage, partial_order
 from .decoding import check_readings, rank_window
 from .depth import borda_decoded, decoded_places, depth_note, window_depths
 from .fitting import cleaned, fit
@@ -73,36 +73,42 @@ def validated(query: Any, passages: Any) -> tuple[str, list[Document]]:
 
 
 def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Sequence[Any]) -> Flow[Ranking]:
-    """Rank ``passages`` for ``query``. The input is checked before any request is made."""
+    """Rank ``passages`` for ``query``. The input is checked before any request is made. A
+    :class:`~.deadline.DeadlinePassed` that no decoding handled (thrown while probing or fitting the passages,
+    before any place can be decided) returns the first-stage order, marked partial."""
     query, docs = validated(query, passages)
     n = len(docs)
     if n <= 1:  # nothing to rank, no request: no method ran
         return Ranking(tuple(range(n)), (1.0,) * n, "given-order", notes=(f"{n} passage{'s' * (n != 1)}: nothing to rank",))
     clock = Deadline(opts.deadline) if opts.deadline is not None else None  # started as the driver's (its first next)
-    return (yield from within(_ranked(state, opts, query, docs, clock), n, opts.method, opts.deadline))
-
-
-def _ranked(state: EndpointState, opts: Options, query: str, docs: list[Document],
-            clock: Deadline | None = None) -> Flow[Ranking]:
-    n = len(docs)
-    caps = yield from capabilities(state)
-    opts = _resolve(state, caps, opts)
-    query = cleaned(opts, query)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
-    texts, notes = yield from fit(state, opts, query, docs)
-    if not opts.how.shuffles:
-        opts, kept, check_notes = yield from _checked(state, opts, query, texts)
+    try:
+        caps = yield from capabilities(state)
+        run = _resolve(state, caps, opts)
+        query = cleaned(run, query)  # untrusted too: no identifier look-alikes (and sent as text only where it must)
+        texts, notes = yield from fit(state, run, query, docs)
+        if run.how.shuffles:
+            return (yield from _shuffled(state, run, query, texts, notes, clock))
+        run, kept, check_notes = yield from _checked(state, run, query, texts)
         if kept is not None:
             return dataclasses.replace(kept, notes=(*notes, *kept.notes))
         notes = [*check_notes, *notes]
-        ranking = yield from _sliding(state, opts, query, texts, clock)
-        how = reader_of(caps, opts.prompt).below_depth
-        return dataclasses.replace(ranking, notes=(*notes, *ranking.notes, *_cut_note(ranking, opts, how)))
+        ranking = yield from _sliding(state, run, query, texts, clock)
+    except DeadlinePassed:
+        return first_stage(n, opts.method, opts.deadline)
+    how = reader_of(caps, run.prompt).below_depth
+    return dataclasses.replace(ranking, notes=(*notes, *ranking.notes, *_cut_note(ranking, run, how)))
+
+
+def _shuffled(state: EndpointState, opts: Options, query: str, texts: list[str], notes: list[str],
+              clock: Deadline | None) -> Flow[Ranking]:
+    """``psc``: ``opts.m`` shuffles of the list ranked by ``vanilla`` side by side, aggregated by Borda count."""
+    n = len(texts)
     rng = random.Random(opts.seed)
     shuffles = [rng.sample(range(n), n) for _ in range(opts.m)]
     vanilla = opts.replace(method="vanilla")
     runs = yield from parallel([_sliding(state, vanilla, query, [texts[i] for i in s], clock) for s in shuffles])
     order = borda_decoded([[s[i] for i in run.order] for s, run in zip(shuffles, runs)], [r.decoded for r in runs], n)
-    notes += [f"shuffle {k}: {note}" for k, run in enumerate(runs) for note in run.notes]
+    notes = [*notes, *(f"shuffle {k}: {note}" for k, run in enumerate(runs) for note in run.notes)]
     decoded, partial = decoded_places(n, opts.depth), any(run.partial for run in runs)
     if partial:  # the deadline: the places every shuffle had decided are aggregated, the rest in first-stage order
         decoded = min(n if run.decoded is None else run.decoded for run in runs)
