@@ -8,12 +8,12 @@
 from . import _moved
 from . import errors as _errors
 from .calibration.formulas import adaptive_alpha, calibrate, calibrate_log, entropy
-from .calibration.tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .errors import *  # noqa: F403 (the whole error tree is public)
 from .options import METHODS, Options
 from .prompts.render import DEFAULT_PLACEHOLDER, RANK_GPT, RANK_ZEPHYR, PromptTemplate
 from .ranking.orders import borda, kendall_tau, windows
 from .reranker import CapCalReranker
+from .tuning import AlphaChoice, achoose_alpha, choose_alpha
 from .types import Capabilities, Document, Ranking, Step, Usage
 
 __version__ = "0.1.0"

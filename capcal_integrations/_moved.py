@@ -35,7 +35,8 @@ MOVED = {
     "routing": "endpoints.routing", "rules": "content_check.rules", "saved_decisions": "content_check.saved_decisions",
     "saved_readings": "content_check.saved_readings", "slots": "endpoints.slots", "strategies": "ranking.strategies",
     "strength": "calibration.strength", "textlabels": "reading.textlabels", "transfer": "transport.transfer",
-    "tuning": "calibration.tuning", "typed_json": "content_check.typed_json", "untrusted": "prompts.untrusted",
+    "typed_json": "content_check.typed_json", "untrusted": "prompts.untrusted",
+    "calibration.tuning": "tuning",  # back at the root, beside the reranker it runs (the folders are the layers)
 }
 
 
@@ -45,13 +46,12 @@ def _warn(old: str, new: str) -> None:
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        package, _, name = fullname.rpartition(".")
-        if package != _PACKAGE or name not in MOVED:
+        if not fullname.startswith(_PACKAGE + ".") or fullname[len(_PACKAGE) + 1:] not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        new = f"{_PACKAGE}.{MOVED[spec.name.rpartition('.')[2]]}"
+        new = f"{_PACKAGE}.{MOVED[spec.name[len(_PACKAGE) + 1:]]}"
         _warn(spec.name, new)
         return importlib.import_module(new)
 

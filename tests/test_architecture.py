@@ -153,6 +153,32 @@ def test_the_drawing_names_every_core_module():
     assert not missing, f"ARCHITECTURE.md's drawing does not name {missing}"
 
 
+def drawn_folders() -> list[str]:
+    """The package's folders in the order the drawing (ARCHITECTURE.md's first fenced block) lists them, top first."""
+    drawing = re.search(r"^```\n(.*?)^```", ARCHITECTURE.read_text(encoding="utf-8"), re.S | re.M)
+    assert drawing, "ARCHITECTURE.md needs its drawing, a fenced block before the layers"
+    return re.findall(r"^ ([a-z_]+)/ ", drawing.group(1), re.M)
+
+
+def test_the_folders_are_layers_in_the_drawings_order():
+    """Folders are drawn top to bottom and a folder's modules import only from folders drawn below it (and from
+    root modules, whose layers the ``layers`` block gives): the listing is the map, and no two folders need each
+    other."""
+    order = drawn_folders()
+    folders = sorted({m.split("/")[0] for m in modules() if "/" in m})
+    assert sorted(order) == folders, f"the drawing lists {order}; the package has {folders}"
+    up = [f"{a} -> {b}" for a, targets in imports().items() for b in sorted(targets)
+          if "/" in a and "/" in b and order.index(b.split("/")[0]) < order.index(a.split("/")[0])]
+    assert not up, "imports from a folder drawn above:\n" + "\n".join(up)
+
+
+def test_the_root_holds_at_most_ten_modules_and_no_module_is_over_300_lines():
+    root = [m for m in modules() if "/" not in m]
+    assert len(root) <= 10, root
+    long = {m: n for m, path in modules().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 300}
+    assert not long, long
+
+
 def test_no_import_points_up():
     rank = {m: k for k, (_, names) in enumerate(layers()) for m in names}
     name = {k: layer for k, (layer, _) in enumerate(layers())}

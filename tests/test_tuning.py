@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from capcal_integrations import AlphaChoice, CapCalReranker, InputError, achoose_alpha, choose_alpha
-from capcal_integrations.calibration.tuning import DEFAULT_ALPHAS, _choose, _jobs, calibrated_order, consistency
+from capcal_integrations.tuning import DEFAULT_ALPHAS, _choose, _jobs, calibrated_order, consistency
 from capcal_integrations.types import Ranking, Step, Usage
 from tests._samples import PASSAGES, QUERY
 

@@ -1,7 +1,7 @@
 """The calibration itself, free of I/O: ``formulas.py`` (normalise, entropy, the adaptive alpha,
-additive and log calibration, shares), ``strength.py`` (alpha chosen label-free: the one grid, the
-agreement curve and its tie-break) and ``tuning.py`` (``choose_alpha``, public as
-``capcal_integrations.choose_alpha``: shuffle consistency measured through a reranker).
+additive and log calibration, shares, the order scores imply) and ``strength.py`` (alpha chosen label-free:
+the one grid, the agreement curve and its tie-break, Kendall's tau). ``choose_alpha``, which measures shuffle
+consistency through a reranker, is ``capcal_integrations.tuning`` (a layer above: it runs the reranker).
 """
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ..errors import InputError
 
 __all__ = ["FORMS", "normalise", "normalise_logprobs", "entropy", "adaptive_alpha", "calibrate", "calibrate_log",
-           "calibrated", "shares"]
+           "calibrated", "shares", "order_of_scores"]
 
 #: The calibration forms: the paper's additive correction and the log-space (contextual calibration) one.
 FORMS = ("additive", "log")
@@ -117,3 +117,12 @@ def shares(scores: Sequence[float]) -> list[float]:
     clipped = [max(x, 0.0) for x in scores]
     total = math.fsum(clipped)
     return [x / total for x in clipped] if total > 0 else [1.0 / len(scores)] * len(scores)
+
+
+def order_of_scores(scores: Sequence[float]) -> list[int]:
+    """Indices by descending score; ties keep the earlier index first.
+
+    >>> order_of_scores([0.1, 0.5, 0.2, 0.5])
+    [1, 3, 2, 0]
+    """
+    return sorted(range(len(scores)), key=lambda j: (-scores[j], j))

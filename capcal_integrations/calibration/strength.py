@@ -2,7 +2,7 @@
 
 A reranker without position bias ranks a list alike whatever order it is shown in. Both label-free
 choices of ``alpha`` use that: :func:`choose` ranks each query's list as read in several orders (the
-content check's four readings, :mod:`.contrast`; or ``choose_alpha``'s random shuffles, :mod:`.tuning`)
+content check's four readings, :mod:`.contrast`; or ``choose_alpha``'s random shuffles, :mod:`..tuning`)
 at every strength of the grid, maps each ranking back to the passages, and keeps the strength whose
 rankings agree most (mean Kendall tau over the pairs of readings, averaged over the queries); among
 equally agreeing strengths the one nearest 1 (:func:`pick`); the content check's choice keeps 1 unless the best
@@ -12,13 +12,13 @@ beats it by :data:`MARGIN` standard errors over the queries. Pure functions; no 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from itertools import combinations
 from typing import TypeVar
 
-from ..ranking.orders import mean_pairwise_tau, order_of_scores
-from .formulas import calibrated
+from .formulas import calibrated, order_of_scores
 
-__all__ = ["ALPHAS", "MARGIN", "pick", "choose", "agreement_of", "implied_order"]
+__all__ = ["kendall_tau", "mean_pairwise_tau", "ALPHAS", "MARGIN", "pick", "choose", "agreement_of", "implied_order"]
 
 #: The strengths tried (0 = no calibration).
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -97,3 +97,36 @@ def _softmax(logits: Sequence[float]) -> list[float]:
     weights = [math.exp(x - top) for x in logits]
     total = math.fsum(weights)
     return [w / total for w in weights]
+
+
+def kendall_tau(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
+    """Kendall's tau between two rankings (best first) of the same items: ``(concordant - discordant)
+    / (n (n - 1) / 2)``. 1 = identical order, -1 = reversed.
+
+    >>> kendall_tau("abc", "abc"), kendall_tau("abc", "cba")
+    (1.0, -1.0)
+    >>> kendall_tau("abcd", "bacd")  # 1 discordant pair of 6: (5 - 1) / 6
+    0.6666666666666666
+    """
+    if sorted(map(str, a)) != sorted(map(str, b)) or len(set(a)) != len(a):
+        raise ValueError("kendall_tau needs two orderings of the same distinct items")
+    n = len(a)
+    if n < 2:
+        return 1.0
+    where = {item: r for r, item in enumerate(b)}
+    mapped = [where[item] for item in a]
+    discordant = sum(1 for i, j in combinations(range(n), 2) if mapped[i] > mapped[j])
+    pairs = n * (n - 1) // 2
+    return (pairs - 2 * discordant) / pairs
+
+
+def mean_pairwise_tau(rankings: Sequence[Sequence[Hashable]]) -> float:
+    """Mean Kendall tau over all pairs of rankings of the same items (1.0 = order-invariant).
+
+    >>> mean_pairwise_tau(["abc", "abc", "cba"])  # pairs: 1, -1, -1
+    -0.3333333333333333
+    """
+    pairs = list(combinations(rankings, 2))
+    if not pairs:
+        raise ValueError("need at least two rankings")
+    return math.fsum(kendall_tau(a, b) for a, b in pairs) / len(pairs)

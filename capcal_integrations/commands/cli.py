@@ -77,7 +77,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..calibration.tuning import DEFAULT_ALPHAS, choose_alpha
+    from ..tuning import DEFAULT_ALPHAS, choose_alpha
 
     requests = read_requests(args)
     alphas = args.alphas or DEFAULT_ALPHAS

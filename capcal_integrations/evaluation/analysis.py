@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..calibration.formulas import shares
-from ..calibration.tuning import calibrated_order
 from ..ranking.orders import borda, order_of_scores
+from ..tuning import calibrated_order
 from .bias import (
     expected_kl_uniform,
     kendall_tau,

@@ -1,11 +1,13 @@
-"""Pure functions on orderings: sliding windows, aggregation, argsort, rank-consistent scores and
-Kendall's tau. No I/O; each example in a docstring is worked out by hand."""
+"""Pure functions on orderings: sliding windows, aggregation and rank-consistent scores (the argsort of scores
+is :func:`~..calibration.formulas.order_of_scores`, Kendall's tau :mod:`..calibration.strength`'s; both importable
+here too). No I/O; each example in a docstring is worked out by hand."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Hashable, Sequence
-from itertools import combinations
+from collections.abc import Sequence
+
+from ..calibration.formulas import order_of_scores
+from ..calibration.strength import kendall_tau, mean_pairwise_tau
 
 __all__ = ["windows", "borda", "order_of_scores", "rank_scores", "kendall_tau", "mean_pairwise_tau"]
 
@@ -51,15 +53,6 @@ def borda(rankings: Sequence[Sequence[int]], n: int) -> list[int]:
     return sorted(range(n), key=lambda i: (-points[i], i))
 
 
-def order_of_scores(scores: Sequence[float]) -> list[int]:
-    """Indices by descending score; ties keep the earlier index first.
-
-    >>> order_of_scores([0.1, 0.5, 0.2, 0.5])
-    [1, 3, 2, 0]
-    """
-    return sorted(range(len(scores)), key=lambda j: (-scores[j], j))
-
-
 def rank_scores(order: Sequence[int], confidence: Sequence[float]) -> tuple[float, ...]:
     """``(n - r - 1 + c) / n`` for the item at rank ``r``: strictly follows ``order``.
 
@@ -71,36 +64,3 @@ def rank_scores(order: Sequence[int], confidence: Sequence[float]) -> tuple[floa
     for r, item in enumerate(order):
         scores[item] = (n - r - 1 + min(max(confidence[item], 0.0), 0.999)) / n
     return tuple(scores)
-
-
-def kendall_tau(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
-    """Kendall's tau between two rankings (best first) of the same items: ``(concordant - discordant)
-    / (n (n - 1) / 2)``. 1 = identical order, -1 = reversed.
-
-    >>> kendall_tau("abc", "abc"), kendall_tau("abc", "cba")
-    (1.0, -1.0)
-    >>> kendall_tau("abcd", "bacd")  # 1 discordant pair of 6: (5 - 1) / 6
-    0.6666666666666666
-    """
-    if sorted(map(str, a)) != sorted(map(str, b)) or len(set(a)) != len(a):
-        raise ValueError("kendall_tau needs two orderings of the same distinct items")
-    n = len(a)
-    if n < 2:
-        return 1.0
-    where = {item: r for r, item in enumerate(b)}
-    mapped = [where[item] for item in a]
-    discordant = sum(1 for i, j in combinations(range(n), 2) if mapped[i] > mapped[j])
-    pairs = n * (n - 1) // 2
-    return (pairs - 2 * discordant) / pairs
-
-
-def mean_pairwise_tau(rankings: Sequence[Sequence[Hashable]]) -> float:
-    """Mean Kendall tau over all pairs of rankings of the same items (1.0 = order-invariant).
-
-    >>> mean_pairwise_tau(["abc", "abc", "cba"])  # pairs: 1, -1, -1
-    -0.3333333333333333
-    """
-    pairs = list(combinations(rankings, 2))
-    if not pairs:
-        raise ValueError("need at least two rankings")
-    return math.fsum(kendall_tau(a, b) for a, b in pairs) / len(pairs)

@@ -18,15 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError
-from ..ranking.orders import order_of_scores
-from ..reranker import pairs_of
-from ..types import Ranking, Usage
-from .formulas import calibrated
-from .strength import ALPHAS, agreement_of, choose
+from .calibration.formulas import calibrated, order_of_scores
+from .calibration.strength import ALPHAS, agreement_of, choose
+from .errors import InputError
+from .reranker import pairs_of
+from .types import Ranking, Usage
 
 if TYPE_CHECKING:
-    from ..reranker import CapCalReranker
+    from .reranker import CapCalReranker
 
 __all__ = ["AlphaChoice", "DEFAULT_ALPHAS", "calibrated_order", "consistency",
            "choose_alpha", "achoose_alpha"]
