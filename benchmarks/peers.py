@@ -15,7 +15,9 @@ BM25 top-20 lists of the first ``--queries`` queries of DL19 (``trec-dl19-passag
   prompt, structured output by ``with_structured_output``'s default method, its parser);
 - ``capcal-vanilla``: ``CapCalReranker(method="vanilla")``;
 - ``capcal-default``: ``CapCalReranker()`` with the default options (one reranker per dataset, so its content
-  check decides on that dataset's first lists, as in a deployment).
+  check decides on that dataset's first lists, as in a deployment). Its check reads lists in the background;
+  after each of its lists the run waits for those readings (``wait_for_readings``) before the next method
+  starts, and reports their time and tokens apart: they overlap no method's timing.
 
 Every method gets the same passages: the text (SciFact: ``Title: ... Content: ...``, the RankGPT/rank_llm
 form), cut to 300 words (RankGPTRerank's and this library's own cut, so a no-op for them; LLMListwiseRerank
@@ -217,6 +219,7 @@ def capcal(url: str, key: str, meter: Meter, args: argparse.Namespace, **options
                                "checked": list(r.checked), "steps": len(r.steps), "notes": list(r.notes),
                                "kept_given_order": r.kept_given_order}
 
+    run.settle = rr.wait_for_readings  # type: ignore[attr-defined] - the content check's readings, waited for apart
     return run
 
 
@@ -320,6 +323,14 @@ def main() -> int:
                     row = {"dataset": d, "qid": topic.qid, "method": m, "position": pos, "seconds": round(seconds, 2),
                            **meters[m].snapshot(), "failed": failed, "needs_repair": bool(repair),
                            "ndcg10": ndcg10([grades.get(docids[i], 0) for i in shown], ideal), "order": order, **info}
+                    settle = getattr(runners[d][m], "settle", None)
+                    if settle is not None:  # its background readings end before the next method starts, timed apart
+                        meters[m].reset()
+                        started = time.perf_counter()
+                        settle()
+                        reading = meters[m].snapshot()
+                        row.update(reading_seconds=round(time.perf_counter() - started, 2),
+                                   reading_requests=reading["requests"], reading_uncached_tokens=reading["uncached_tokens"])
                     rows.append(row)
                     print(json.dumps({x: v for x, v in row.items() if x not in ("order", "notes")}), flush=True)
                 write(args, meta, rows, methods)  # after every list: a run cut short keeps what it finished
@@ -426,6 +437,14 @@ def report(result: dict) -> str:
               "repeated decoded identifier or places filled in rather than decoded. A failed call (the peer raised) "
               "counts in its given order for nDCG@10. Requests and tokens: every HTTP request of the method's client "
               "and the server's `usage` (cached prompt tokens included in prompt tokens).", ""]
+    for d in dict.fromkeys(r["dataset"] for r in result["rows"]):
+        read = [r for r in result["rows"] if r["dataset"] == d and "reading_seconds" in r]
+        if read:
+            lines += [f"Background readings of `capcal-default` on {d} (its content check; waited for after each of its "
+                      "lists, before the next method started, so they overlap no method's time and are not in its "
+                      f"s / list): {sum(r['reading_requests'] > 0 for r in read)} of {len(read)} lists read, "
+                      f"{sum(r['reading_seconds'] for r in read):,.0f} s, "
+                      f"{sum(r['reading_uncached_tokens'] for r in read):,} uncached prompt tokens in all.", ""]
     if errors:
         lines += ["Failed calls:", "", *[f"- {n}× {e}" for e, n in errors.items()], ""]
     return "\n".join(lines)

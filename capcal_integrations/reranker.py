@@ -115,6 +115,12 @@ class CapCalReranker:
         ``to_json()`` and pass it as ``decision=`` to another process), or ``None`` while it is being decided."""
         return decision_of(self._state, self.options)
 
+    def wait_for_readings(self, timeout: float | None = None) -> bool:
+        """Block until the content check's background readings handed over so far are done (at most ``timeout``
+        seconds; ``True``: none is left). For a script or benchmark that times other work next: a reading in
+        flight shares the server with it."""
+        return self._readings.wait(timeout)
+
     def decide(self, judged: Iterable[tuple[str, Sequence[Any], Sequence[int]]]) -> ContentDecision:
         """Decide from judged queries whether to calibrate this model (:mod:`.judged`): ``(query, passages,
         grades)`` triples, each ranked calibrated, in its given order and uncalibrated; "calibrate" (``reads``) only

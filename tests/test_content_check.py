@@ -487,3 +487,15 @@ def test_readings_survive_asyncio_run_per_query_and_run_on_a_loop_of_their_own_f
 
     asyncio.run(rank_all())
     assert only.content_decision() is not None and only.content_decision().reads
+
+
+def test_wait_for_readings_returns_once_the_lists_handed_over_are_read():
+    data = lists(20)
+    rr = simulated_endpoint(data, s=2.0, seed=0).reranker()
+    assert rr.wait_for_readings(timeout=0)  # nothing handed over yet
+    for q, p, _ in data[:2]:
+        assert rr.rerank(q, p).kept_given_order  # returned at once; its list goes to the reading thread
+        assert rr.wait_for_readings(timeout=60)
+        check = next(iter(rr._state.content.values()))
+        assert not check._busy  # nothing read or queued any more
+    assert check.evidence.queries == 2  # both lists were read, one each time

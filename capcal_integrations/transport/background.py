@@ -34,16 +34,20 @@ class BackgroundReadings:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._left = 0  # readings handed over and not done yet
+        self._settled = threading.Condition()
 
     def submit(self, work: Callable[[], None], pending: Pending) -> None:
         if _closing.is_set():
             pending.done()
             return
-        try:
-            self._queue.put_nowait((work, pending))
-        except queue.Full:
-            pending.done()
-            return
+        with self._settled:
+            try:
+                self._queue.put_nowait((work, pending))
+            except queue.Full:
+                pending.done()
+                return
+            self._left += 1
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="capcal-content-check", daemon=True)
@@ -75,6 +79,14 @@ class BackgroundReadings:
                 pending.failed(err)
             finally:
                 pending.done()
+                with self._settled:
+                    self._left -= 1
+                    self._settled.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every reading handed over so far is done, at most ``timeout`` seconds; whether none is left."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._left == 0, timeout)
 
 
 #: Readings waiting for an endpoint's reading thread at most; seconds it waits for one before it ends.
