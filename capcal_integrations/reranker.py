@@ -23,7 +23,7 @@ from .content_check.registry import adopt, decision_of
 from .content_check.saved_decisions import Store
 from .endpoints.calls import EndpointState
 from .endpoints.probe import capabilities
-from .endpoints.routing import for_list
+from .endpoints.routing import ListRoute, for_list
 from .errors import InputError
 from .options import Options, option_docs
 from .ranking.progress import Watched
@@ -160,8 +160,7 @@ class CapCalReranker:
         ``page_content``) for ``query``. Returns a :class:`~.types.Ranking` whose ``order`` is always a
         permutation of ``range(len(passages))``. ``progress``: called with the number of requests asked for so far,
         after each batch (a long ranking's sign of life; the adapters' ``progress=True`` draws it as a bar)."""
-        state = self._state.for_ranking(self.options.routed, self._read_in_thread)
-        route = for_list(self.options.routing_header, state)  # a new key per list: see .routing
+        state, route = self._session()
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*run_sync(Watched(flow, progress) if progress else flow, self.client, route,
                                      self.options.deadline))
@@ -173,10 +172,16 @@ class CapCalReranker:
 
     async def _arerank(self, query: str, passages: Sequence[Any], limit: asyncio.Semaphore,
                        progress: Callable[[int], None] | None = None) -> Ranking:
-        state = self._state.for_ranking(self.options.routed, self._read_in_thread)
+        state, route = self._session()
         flow = rerank_flow(state, self.options, query, passages)
         return _with_usage(*await run_async(Watched(flow, progress) if progress else flow, self.async_client, limit,
-                                            for_list(self.options.routing_header, state), self.options.deadline))
+                                            route, self.options.deadline))
+
+    def _session(self, background: bool = True) -> tuple[EndpointState, ListRoute | None]:
+        """One call's view of the endpoint state (its lists read for the check handed to the reading thread, or,
+        ``background=False``, read inside the call) and the list's routing key (a new one per list: .routing)."""
+        view = self._state.for_ranking(self.options.routed, self._read_in_thread if background else None)
+        return view, for_list(self.options.routing_header, view)
 
     # ------------------------------------------------------------------ the content check's readings
 
@@ -188,8 +193,7 @@ class CapCalReranker:
         readings = self._readings
 
         def work() -> None:
-            view = self._state.for_ranking(self.options.routed)
-            route = for_list(self.options.routing_header, view)
+            view, route = self._session(background=False)
             if self._readings_in_thread:
                 reading, _ = run_sync(pending.flow(view), self.client, route)
             else:
