@@ -17,7 +17,8 @@ BM25 top-20 lists of the first ``--queries`` queries of DL19 (``trec-dl19-passag
 - ``capcal-default``: ``CapCalReranker()`` with the default options (one reranker per dataset, so its content
   check decides on that dataset's first lists, as in a deployment). Its check reads lists in the background;
   after each of its lists the run waits for those readings (``wait_for_readings``) before the next method
-  starts, and reports their time and tokens apart: they overlap no method's timing.
+  starts, and reports their time and tokens apart: they overlap no method's timing. Its decisions and readings
+  are kept in a fresh temporary folder (unless ``CAPCAL_DECISIONS_DIR`` is set): nothing an earlier run read.
 
 Every method gets the same passages: the text (SciFact: ``Title: ... Content: ...``, the RankGPT/rank_llm
 form), cut to 300 words (RankGPTRerank's and this library's own cut, so a no-op for them; LLMListwiseRerank
@@ -48,6 +49,7 @@ import re
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -215,7 +217,7 @@ def capcal(url: str, key: str, meter: Meter, args: argparse.Namespace, **options
                     "out_of_range": sum(not 0 <= i < n for i in r.order),
                     "filled_in": 0 if r.decoded is None or r.kept_given_order else n - r.decoded}  # kept: nothing to repair
         return list(r.order), {**repaired, "method_ran": r.method, "library_requests": r.usage.requests,
-                               "library_prompt_tokens": r.usage.prompt_tokens, "guarded": list(r.guarded),
+                               "library_prompt_tokens": r.usage.prompt_tokens,
                                "checked": list(r.checked), "steps": len(r.steps), "notes": list(r.notes),
                                "kept_given_order": r.kept_given_order}
 
@@ -265,6 +267,8 @@ def main() -> int:
         return from_log(args, methods, data)
 
     with contextlib.ExitStack() as stack:
+        if "CAPCAL_DECISIONS_DIR" not in os.environ:  # the content check starts afresh, as in a new deployment
+            os.environ["CAPCAL_DECISIONS_DIR"] = stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-"))
         url, key = args.base_url, args.api_key or "no-key"
         if not url:
             from capcal_integrations.server import EmbeddedServer
