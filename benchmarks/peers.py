@@ -393,6 +393,35 @@ def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
     return out
 
 
+def paired(rows: list[dict], d: str, a: str, b: str) -> tuple[int, float, float, float] | None:
+    """Mean paired nDCG@10 difference ``a - b`` over the lists of ``d`` both finished, with its 95 % t-interval."""
+    from scipy import stats
+
+    by = {m: {r["qid"]: r["ndcg10"] for r in rows if r["dataset"] == d and r["method"] == m} for m in (a, b)}
+    diffs = [by[a][q] - by[b][q] for q in by[a] if q in by[b]]
+    if len(diffs) < 2:
+        return None
+    mean, half = statistics.fmean(diffs), stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
+    return len(diffs), mean, mean - half, mean + half
+
+
+def paired_table(result: dict) -> list[str]:
+    """Each model method against BM25 and against ``capcal-vanilla``, per dataset: paired nDCG@10 differences."""
+    rows, methods = result["rows"], [m for m in result["methods"]]
+    lines = ["Paired nDCG@10 differences over the same lists (mean, 95 % t-interval; an interval that holds 0 is no "
+             "difference this sample can show):", "", "| dataset | method | lists | − bm25 | − capcal-vanilla |",
+             "|---|---|---:|---|---|"]
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        for m in methods:
+            cells = []
+            for b in ("bm25", "capcal-vanilla"):
+                t = None if b == m else paired(rows, d, m, b)
+                cells.append("–" if t is None else f"{t[1]:+.4f} [{t[2]:+.4f}, {t[3]:+.4f}]")
+            n = sum(r["dataset"] == d and r["method"] == m for r in rows)
+            lines.append(f"| {d} | {m} | {n} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
+
+
 def write(args: argparse.Namespace, meta: dict, rows: list[dict], methods: list[str]) -> None:
     summary = summarise(rows, methods)
     result = {**meta, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -441,14 +470,18 @@ def report(result: dict) -> str:
               "repeated decoded identifier or places filled in rather than decoded. A failed call (the peer raised) "
               "counts in its given order for nDCG@10. Requests and tokens: every HTTP request of the method's client "
               "and the server's `usage` (cached prompt tokens included in prompt tokens).", ""]
+    lines += paired_table(result)
     for d in dict.fromkeys(r["dataset"] for r in result["rows"]):
-        read = [r for r in result["rows"] if r["dataset"] == d and "reading_seconds" in r]
-        if read:
-            lines += [f"Background readings of `capcal-default` on {d} (its content check; waited for after each of its "
-                      "lists, before the next method started, so they overlap no method's time and are not in its "
-                      f"s / list): {sum(r['reading_requests'] > 0 for r in read)} of {len(read)} lists read, "
-                      f"{sum(r['reading_seconds'] for r in read):,.0f} s, "
-                      f"{sum(r['reading_uncached_tokens'] for r in read):,} uncached prompt tokens in all.", ""]
+        for m in dict.fromkeys(r["method"] for r in result["rows"]):
+            read = [r for r in result["rows"] if r["dataset"] == d and r["method"] == m and "reading_seconds" in r]
+            if any(r["reading_requests"] for r in read):
+                lines += [f"Background readings of `{m}` on {d} (its content check; waited for after each of its lists, "
+                          "before the next method started, so they overlap no method's time and are not in its "
+                          f"s / list): {sum(r['reading_requests'] > 0 for r in read)} of {len(read)} lists read, "
+                          f"{sum(r['reading_seconds'] for r in read):,.0f} s "
+                          f"({statistics.median(r['reading_seconds'] for r in read if r['reading_requests']):.0f} s a list "
+                          f"read, median), {sum(r['reading_uncached_tokens'] for r in read):,} uncached prompt tokens "
+                          "in all.", ""]
     if errors:
         lines += ["Failed calls:", "", *[f"- {n}× {e}" for e, n in errors.items()], ""]
     return "\n".join(lines)
