@@ -254,6 +254,9 @@ def main() -> int:
     ap.add_argument("--from-log", help="write the results from the rows a run printed (one JSON object per line; "
                     "--methods: those to count) and stop")
     ap.add_argument("--note", default="", help="a sentence for the report (with --from-log: how the run ended)")
+    ap.add_argument("--resume", action="store_true", help="keep the rows of --out's .json and rank only the lists it "
+                    "has not finished (a run in parts; the commands are kept; set CAPCAL_DECISIONS_DIR to keep the "
+                    "default's content check across the parts)")
     args = ap.parse_args()
     if args.report_only:
         result = json.loads(pathlib.Path(args.out).with_suffix(".json").read_text())
@@ -296,10 +299,16 @@ def main() -> int:
                 "max_tokens": args.max_tokens, "queries_per_dataset": args.queries, "methods": methods,
                 "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         rows: list[dict] = []
-        k = 0
+        earlier = pathlib.Path(args.out).with_suffix(".json")
+        if args.resume and earlier.is_file():
+            before = json.loads(earlier.read_text())
+            meta["command"] = f"{before['command']}; then {command}"
+            rows = [r for r in before["rows"] if (r["dataset"], r["qid"]) in finished(before["rows"], methods)]
+        done = finished(rows, methods)
+        k = len(done)
         for q in range(args.queries):
             for d in names:
-                if q >= len(data[d].topics):
+                if q >= len(data[d].topics) or (d, data[d].topics[q].qid) in done:
                     continue
                 topic = data[d].topics[q]
                 grades = data[d].grades().get(topic.qid, {})
@@ -420,6 +429,14 @@ def paired_table(result: dict) -> list[str]:
             n = sum(r["dataset"] == d and r["method"] == m for r in rows)
             lines.append(f"| {d} | {m} | {n} | {cells[0]} | {cells[1]} |")
     return [*lines, ""]
+
+
+def finished(rows: list[dict], methods: list[str]) -> set[tuple[str, str]]:
+    """The ``(dataset, qid)`` lists every method (and BM25) has a row of."""
+    have: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        have.setdefault((r["dataset"], r["qid"]), set()).add(r["method"])
+    return {key for key, ms in have.items() if ms >= {"bm25", *methods}}
 
 
 def write(args: argparse.Namespace, meta: dict, rows: list[dict], methods: list[str]) -> None:
