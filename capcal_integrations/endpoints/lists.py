@@ -46,14 +46,14 @@ class PromptLists(Kind):
     def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
         caps = state.caps
         assert caps is not None, "probe the endpoint first"
-        prompts = [(q.messages, q.render) for q in queries]  # Query.prompt, read without a call per query
-        keys = list(dict.fromkeys(prompts))
+        keyed = [(q.messages, q.render) for q in queries]  # Query.prompt, read without a call per query
+        keys = list(dict.fromkeys(keyed))
         missing = [key for key in keys if key not in state.templates]
         if missing:
             yield from self.render(state, caps, missing)
         templates = yield from self.templates(state, keys)
         groups: dict[Key, list[int]] = {}
-        for i, key in enumerate(prompts):
+        for i, key in enumerate(keyed):
             groups.setdefault(key, []).append(i)
         calls, pinned = [], []
         for key, members in groups.items():

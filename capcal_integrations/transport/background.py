@@ -41,13 +41,16 @@ class BackgroundReadings:
         if _closing.is_set():
             pending.done()
             return
-        with self._settled:
+        queued = True
+        with self._settled:  # counted with the put: the thread cannot finish it before it is counted
             try:
                 self._queue.put_nowait((work, pending))
+                self._left += 1
             except queue.Full:
-                pending.done()
-                return
-            self._left += 1
+                queued = False
+        if not queued:
+            pending.done()
+            return
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="capcal-content-check", daemon=True)
