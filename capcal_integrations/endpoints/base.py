@@ -47,11 +47,6 @@ class Query:
     def text(self) -> str:
         return "".join(piece for _, piece in self.prefix)
 
-    @property
-    def prompt(self) -> tuple[Prompt, str]:
-        """What identifies the rendered prompt (the same messages in two formats are two prompts)."""
-        return self.messages, self.render
-
 
 class Kind:
     """One endpoint kind. Subclasses set the flags and override :meth:`send`; the defaults are a kind that

@@ -18,7 +18,7 @@ from .calls import SLOT, Call, EndpointState, Flow, Token
 
 __all__ = ["PromptLists", "top_limit"]
 
-Key = tuple[Prompt, str]  # a rendered prompt: its messages and its format (Query.prompt)
+Key = tuple[Prompt, str]  # a rendered prompt: its messages and its format (two formats are two prompts)
 
 
 class PromptLists(Kind):
@@ -46,7 +46,7 @@ class PromptLists(Kind):
     def send(self, state: EndpointState, queries: Sequence[Query], top: int) -> Flow[list[Any]]:
         caps = state.caps
         assert caps is not None, "probe the endpoint first"
-        keyed = [(q.messages, q.render) for q in queries]  # Query.prompt, read without a call per query
+        keyed = [(q.messages, q.render) for q in queries]  # each query's Key
         keys = list(dict.fromkeys(keyed))
         missing = [key for key in keys if key not in state.templates]
         if missing:
