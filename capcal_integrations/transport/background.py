@@ -34,21 +34,14 @@ class BackgroundReadings:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        self._left = 0  # readings handed over and not done yet
-        self._settled = threading.Condition()
 
     def submit(self, work: Callable[[], None], pending: Pending) -> None:
         if _closing.is_set():
             pending.done()
             return
-        queued = True
-        with self._settled:  # counted with the put: the thread cannot finish it before it is counted
-            try:
-                self._queue.put_nowait((work, pending))
-                self._left += 1
-            except queue.Full:
-                queued = False
-        if not queued:
+        try:
+            self._queue.put_nowait((work, pending))
+        except queue.Full:
             pending.done()
             return
         with self._lock:
@@ -82,14 +75,14 @@ class BackgroundReadings:
                 pending.failed(err)
             finally:
                 pending.done()
-                with self._settled:
-                    self._left -= 1
-                    self._settled.notify_all()
+                self._queue.task_done()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every reading handed over so far is done, at most ``timeout`` seconds; whether none is left."""
-        with self._settled:
-            return self._settled.wait_for(lambda: self._left == 0, timeout)
+        """Block until every reading handed over so far is done, at most ``timeout`` seconds; whether none is left
+        (the queue's own count of unfinished tasks: ``Queue.join`` with a timeout)."""
+        done = self._queue.all_tasks_done
+        with done:
+            return done.wait_for(lambda: not self._queue.unfinished_tasks, timeout)
 
 
 #: Readings waiting for an endpoint's reading thread at most; seconds it waits for one before it ends.
