@@ -416,7 +416,7 @@ def paired(rows: list[dict], d: str, a: str, b: str) -> tuple[int, float, float,
 
 def paired_table(result: dict) -> list[str]:
     """Each model method against BM25 and against ``capcal-vanilla``, per dataset: paired nDCG@10 differences."""
-    rows, methods = result["rows"], [m for m in result["methods"]]
+    rows, methods = result["rows"], result["methods"]
     lines = ["Paired nDCG@10 differences over the same lists (mean, 95 % t-interval; an interval that holds 0 is no "
              "difference this sample can show):", "", "| dataset | method | lists | − bm25 | − capcal-vanilla |",
              "|---|---|---:|---|---|"]
