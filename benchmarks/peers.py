@@ -21,8 +21,9 @@ BM25 top-20 lists of the first ``--queries`` queries of DL19 (``trec-dl19-passag
   are kept in a fresh temporary folder (unless ``CAPCAL_DECISIONS_DIR`` is set): nothing an earlier run read.
 
 Every method gets the same passages: the text (SciFact: ``Title: ... Content: ...``, the RankGPT/rank_llm
-form), cut to 300 words (RankGPTRerank's and this library's own cut, so a no-op for them; LLMListwiseRerank
-cuts nothing); the peers ask for at most ``--max-tokens`` (256) generated tokens at temperature 0. Each list
+form), cut to ``--words`` words (300: RankGPTRerank's and this library's own cut, so a no-op for them;
+LLMListwiseRerank cuts nothing; a shorter cut, per dataset if need be, makes SciFact's long abstracts affordable
+on a CPU, for every method alike); the peers ask for at most ``--max-tokens`` (256) generated tokens at temperature 0. Each list
 is ranked by the four model methods back to back, their order rotated from list to list (the machine is
 shared and noisy, and the server's prompt cache favours whoever comes second), the two datasets alternating.
 
@@ -228,8 +229,16 @@ def capcal(url: str, key: str, meter: Meter, args: argparse.Namespace, **options
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def cut(text: str) -> str:
-    return " ".join(text.split()[:WORDS])
+def cut(text: str, words: int = WORDS) -> str:
+    return " ".join(text.split()[:words])
+
+
+def words_of(spec: str, names: list[str]) -> dict[str, int]:
+    """``--words``: ``300`` for every dataset, or per dataset (``dl19=300,scifact=100``; unnamed ones: 300)."""
+    if "=" not in spec:
+        return {d: int(spec) for d in names}
+    given = dict(part.split("=", 1) for part in spec.split(","))
+    return {d: int(given.get(d, WORDS)) for d in names}
 
 
 def served_model(url: str, key: str) -> str:
@@ -244,6 +253,8 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=10, help="the first N queries of each dataset")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--methods", default=",".join(PEERS), help="model methods to run (bm25 always)")
+    ap.add_argument("--words", default=str(WORDS), help="cut every passage to this many words, for every method: "
+                    "one number, or per dataset (dl19=300,scifact=100)")
     ap.add_argument("--max-tokens", type=int, default=256, help="the peers' generation limit")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--base-url", help="a running OpenAI-compatible llama.cpp server (default: start the embedded one)")
@@ -264,6 +275,7 @@ def main() -> int:
         return 0
     methods = [m for m in args.methods.split(",") if m in PEERS]
     names = [d for d in args.datasets.split(",")]
+    words = words_of(args.words, names)
     data = {d: load_dataset(pathlib.Path(args.data) / DATASETS[d]).select(args.queries) for d in names}
     command = "python benchmarks/peers.py " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != args.api_key)
     if args.from_log:
@@ -295,7 +307,7 @@ def main() -> int:
                 else:
                     runners[d][m] = capcal(url, key, meters[m], args)
         meta = {"command": command, "base_url": url if args.base_url else "embedded (started here)",
-                "server": "llama.cpp (xllamacpp)", "model": model, "top": args.top, "words": WORDS,
+                "server": "llama.cpp (xllamacpp)", "model": model, "top": args.top, "words": words,
                 "max_tokens": args.max_tokens, "queries_per_dataset": args.queries, "methods": methods,
                 "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         rows: list[dict] = []
@@ -303,6 +315,9 @@ def main() -> int:
         if args.resume and earlier.is_file():
             before = json.loads(earlier.read_text())
             meta["command"] = f"{before['command']}; then {command}"
+            kept = before["words"] if isinstance(before["words"], dict) else words_of(
+                str(before["words"]), list(dict.fromkeys(r["dataset"] for r in before["rows"])))
+            meta["words"] = {**kept, **words}
             rows = [r for r in before["rows"] if (r["dataset"], r["qid"]) in finished(before["rows"], methods)]
         done = finished(rows, methods)
         k = len(done)
@@ -314,7 +329,7 @@ def main() -> int:
                 grades = data[d].grades().get(topic.qid, {})
                 ideal = sorted(grades.values(), reverse=True)
                 cands = topic.candidates[:args.top]
-                passages = [cut(c.text if not c.title else f"Title: {c.title} Content: {c.text}") for c in cands]
+                passages = [cut(c.text if not c.title else f"Title: {c.title} Content: {c.text}", words[d]) for c in cands]
                 docids = [c.docid for c in cands]
                 rows.append({"dataset": d, "qid": topic.qid, "method": "bm25", "position": None, "seconds": 0.0,
                              "requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "uncached_tokens": 0,
@@ -369,8 +384,8 @@ def from_log(args: argparse.Namespace, methods: list[str], data: dict) -> int:
                 rows += [bm25_row(d, topic, ds.grades().get(topic.qid, {}), args.top), *mine]
     meta = {"command": f"python benchmarks/peers.py --data {args.data} --queries {args.queries}", "base_url":
             "embedded (started here)", "server": "llama.cpp (xllamacpp)", "model": "local", "top": args.top,
-            "words": WORDS, "max_tokens": args.max_tokens, "queries_per_dataset": args.queries, "methods": methods,
-            "note": args.note, "from_log": args.from_log}
+            "words": words_of(args.words, list(data)), "max_tokens": args.max_tokens, "queries_per_dataset": args.queries,
+            "methods": methods, "note": args.note, "from_log": args.from_log}
     write(args, meta, rows, methods)
     print(pathlib.Path(args.out).with_suffix(".md").read_text())
     return 0
@@ -455,13 +470,19 @@ def _x(e: dict, f: str) -> str:
     return "–" if v is None else f"{v:.2f}"
 
 
+def _words(words: int | dict[str, int]) -> str:
+    if isinstance(words, int):
+        return f"{words} words"
+    return ", ".join(f"{n} words ({d})" for d, n in words.items())
+
+
 def report(result: dict) -> str:
     lines = [f"# Peers side by side ({result['finished']})", "",
              f"`{result['command']}`", "",
              f"One {result['server']} server, model `{result['model']}` (the packaged Qwen2.5-Coder-0.5B-Instruct), "
              f"BM25 top-{result['top']}, the first {result['queries_per_dataset']} queries of each dataset asked for "
-             f"(`lists`: how many every method finished, the only ones counted); passages cut to {result['words']} "
-             f"words for all; the peers at temperature 0, at most {result['max_tokens']} generated tokens. The "
+             f"(`lists`: how many every method finished, the only ones counted); passages cut to {_words(result['words'])} "
+             f"for all; the peers at temperature 0, at most {result['max_tokens']} generated tokens. The "
              f"model methods took turns going first on each list. Machine: {result['machine']}. See "
              "`benchmarks/peers.py` for the definitions.", "",
              *([result["note"], ""] if result.get("note") else []),
