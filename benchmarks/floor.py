@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import pathlib
 import random
@@ -44,6 +45,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,7 +54,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker  # noqa: E402
 from capcal_integrations.content_check.rules import RULES  # noqa: E402
-from capcal_integrations.endpoints import tokenize  # noqa: E402
+from capcal_integrations.endpoints import kind_of, tokenize  # noqa: E402
 from capcal_integrations.prompts.render import QUERY_PLACEHOLDER, labels, render_prompt, resolve_template  # noqa: E402
 from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
 from capcal_integrations.ranking.orders import kendall_tau  # noqa: E402
@@ -121,10 +123,11 @@ def _messages(template: Any, query: str, texts: list[str]) -> Any:
 
 #: The methods timed per list: (row name, method, options). The trie form asks only the branching nodes of the
 #: identifier trie at each step (about 3 of 21 on a 20-passage list), renormalising at each node. ``async``: the
-#: same ranking through ``arerank``.
+#: same ranking through ``arerank``. ``every node``: vanilla asking every node of every step, as it did before its
+#: middle steps asked only the nodes their choice needs (on llama.cpp; ``Kind.serial_prompts`` off for the row).
 METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
            ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}),
-           ("capcal, async", "capcal", {}))
+           ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}))
 ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
 ALL = ";".join(name for name, _, _ in METHODS)
 
@@ -150,9 +153,10 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
         before = meter.read()
         started = time.perf_counter()
         ranked = rr.with_options(method=method, **extra)
-        # arerank sends a step's real and empty streams together (two slots, one batch); rerank one after another
-        ranking = (asyncio.run(ranked.arerank(query, _salted(passages))) if name.endswith("async")
-                   else ranked.rerank(query, _salted(passages)))
+        with _every_node(rr, name.endswith("every node")):
+            # arerank sends a step's real and empty streams together (two slots, one batch); rerank one after another
+            ranking = (asyncio.run(ranked.arerank(query, _salted(passages))) if name.endswith("async")
+                       else ranked.rerank(query, _salted(passages)))
         took = time.perf_counter() - started
         u = ranking.usage
         uncached = meter.uncached(before, u.prompt_tokens, u.cached_tokens)
@@ -167,6 +171,19 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
     if deciding:
         row["deciding"] = one_deciding(rr, meter, query, passages[:deciding], per_token, gen_s)
     return row
+
+
+@contextlib.contextmanager
+def _every_node(rr: CapCalReranker, on: bool) -> Iterator[None]:
+    """While ``on``: the endpoint's kind read as one that batches a step's prompts, so every node is asked."""
+    kind = kind_of(rr.capabilities())
+    if on:
+        kind.serial_prompts = False
+    try:
+        yield
+    finally:
+        if on:
+            del kind.serial_prompts
 
 
 def one_deciding(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], per_token: float,
@@ -232,6 +249,11 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
         if v in names and c in names:
             lines.append(f"capcal / vanilla{form or ', joint'}: median per list "
                          f"{statistics.median(r[c]['s'] / r[v]['s'] for r in rows):.2f}.")
+    if "vanilla" in names and "vanilla, every node" in names:
+        same = sum(r["vanilla"]["order"] == r["vanilla, every node"]["order"] for r in rows)
+        lines.append(f"vanilla: the order is the one asking every node on {same} of {len(rows)} lists; time asking "
+                     "every node / time asking the nodes the choice needs: median per list "
+                     f"{statistics.median(r['vanilla, every node']['s'] / r['vanilla']['s'] for r in rows):.2f}.")
     for m in ("vanilla", "capcal"):
         t = f"{m}, trie"
         if m in names and t in names and all("order" in r[m] and "order" in r[t] for r in rows):

@@ -64,7 +64,10 @@ class Step:
 
     ``candidates`` are input indices (0-based, into the whole list) still in play; ``p`` is the real
     stream's distribution over them, ``q`` the empty stream's (``None`` for vanilla), ``scores`` the
-    calibrated scores (equal to ``p`` for vanilla), ``chosen`` the input index picked.
+    calibrated scores (equal to ``p`` for vanilla), ``chosen`` the input index picked. ``pruned``: how many
+    candidates' ``p`` are upper bounds because they could not be chosen (vanilla's middle steps ask only the
+    nodes the choice needs; the choice is the exact joint form's, the chosen one's ``p`` exact, the others'
+    renormalised shares and the entropy then approximate).
     """
 
     candidates: tuple[int, ...]
@@ -76,6 +79,7 @@ class Step:
     chosen: int
     window: int = 0
     upper_bounds: int = 0
+    pruned: int = 0
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,22 @@ def test_trie_form_is_cheaper_and_still_a_permutation(rr):
     assert cheap.usage.requests < exact.usage.requests
 
 
+def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses(rr):
+    # llama.cpp computes a step's prompts one after another, so vanilla's middle steps ask only the trie nodes their
+    # choice needs (reading.labels, best_only). The whole reading is capcal at alpha 0 (its scores are p itself):
+    # each step chooses the label the whole reading ranks first, up to the server's drift on a near-tie.
+    passages = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
+    lazy = rr.with_options(method="vanilla").rerank(QUERY, passages)
+    whole = rr.with_options(method="capcal", alpha=0.0).rerank(QUERY, passages)
+    assert sorted(lazy.order) == list(range(12)) and len(lazy.steps) == len(whole.steps) == 11
+    assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0 and sum(s.pruned for s in lazy.steps) > 0
+    for a, b in zip(lazy.steps, whole.steps):
+        if a.candidates != b.candidates:
+            break  # a near-tie went the other way: the prefixes differ from here on
+        assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - 0.02, (a.chosen, b.chosen, b.p)
+    assert lazy.steps[1].candidates == whole.steps[1].candidates  # the first step is read whole by both
+
+
 def test_sliding_window_over_a_long_list(rr):
     passages = [f"Passage number {i} about topic {i % 4}." for i in range(9)]
     # guard=None: the windows' mechanics (the content check may keep lower windows in order, stepless)

@@ -73,12 +73,12 @@ def _label_spellings(opts: Options, label: str, first: bool) -> list[str]:
 
 
 def _by_token_ids(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
-                  chosen: Sequence[str]) -> Flow[list[LabelScores]]:
+                  chosen: Sequence[str], best_only: bool = False) -> Flow[list[LabelScores]]:
     first = not chosen
     prefix = _tokens(state, _prefix_spellings(opts, chosen))
     paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
     return label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability, top=opts.top_logprobs,
-                          shared=not opts.normalise, render=opts.prompt)
+                          shared=not opts.normalise, render=opts.prompt, best_only=best_only)
 
 
 def _by_token_texts(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
@@ -156,8 +156,16 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     order, confidence, steps, prior, bounds = [], [0.0] * n, [], None, 0
     while len(remaining) > 1 and (depth is None or len(order) < depth):
         streams = [real] + ([empty] if empty else [])
+        # vanilla's middle steps need only the best label exact (labels.label_logprobs' best_only), where each node
+        # costs a forward pass of its own (Kind.serial_prompts): not the first step (read whole for the records:
+        # the eval's first step), nor the last before the depth (the order below it) or of the list (then every
+        # passage's p in details() is exact)
+        lazy = (empty is None and reader.route == "prefix" and opts.probability == "joint" and bool(order)
+                and kind_of(state.caps).serial_prompts and len(remaining) > 2 and (depth is None or len(order) + 1 < depth))
         try:
-            scored = yield from _READ[reader.route](state, opts, streams, [ids[i] for i in remaining], chosen_labels)
+            allowed = [ids[i] for i in remaining]
+            scored = yield from (_by_token_ids(state, opts, streams, allowed, chosen_labels, best_only=True) if lazy
+                                 else _READ[reader.route](state, opts, streams, allowed, chosen_labels))
         except DeadlinePassed:  # what is decided so far (.deadline)
             return Window(order + remaining, confidence, steps, prior, bounds, decoded=len(order), partial=True)
         # renormalised over the labels: entropy, the adaptive rate and the prior always use these
@@ -175,7 +183,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
         ranked = order_of_scores(s)
         best = ranked[0]
         steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
-                          upper_bounds=bounds))
+                          upper_bounds=bounds, pruned=scored[0].pruned))
         if first_only:
             return Window([remaining[j] for j in ranked], share, steps, prior, bounds)
         confidence[remaining[best]] = share[best]

@@ -245,7 +245,7 @@ def _sliding(state: EndpointState, opts: Options, query: str, texts: list[str],
         for j, c in enumerate(result.confidence):
             confidence[members[j]] = c
         steps += [Step(tuple(members[c] for c in s.candidates), s.p, s.q, s.scores, s.alpha, s.entropy,
-                       members[s.chosen], w, s.upper_bounds) for s in result.steps]
+                       members[s.chosen], w, s.upper_bounds, s.pruned) for s in result.steps]
         prior = prior or result.prior
         bounds += result.upper_bounds
         took = max(took, clock.clock() - began) if clock is not None else 0.0
