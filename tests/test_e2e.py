@@ -144,7 +144,8 @@ def test_label_probabilities_match_a_brute_force_chained_computation(rr, server_
     passages = PASSAGES + ["Fleas are small flightless insects.", "Paris is the capital of France.",
                            "Adult fleas live up to a year.", "Flea eggs hatch in two days to two weeks.",
                            "Rain is expected tomorrow.", "Fleas jump up to 30 cm."]  # 11: [10] and [11] are 4 tokens
-    ranking = rr.with_options(method="vanilla").rerank(QUERY, passages)
+    # depth 2: both steps read every label (a middle step asks only the nodes its choice needs, test_lazy_vanilla.py)
+    ranking = rr.with_options(method="vanilla", depth=2).rerank(QUERY, passages)
     ids = labels(len(passages))
     messages = render(RANK_ZEPHYR, QUERY, [clean_passage(p, 300) for p in passages], ids)
     root = server_url[: -len("/v1")]
