@@ -140,3 +140,36 @@ def test_ollama_continues_the_prefix_in_chat_and_reads_token_texts_without_a_tok
     assert any(" > [" in b["messages"][-1]["content"] for b in bodies)  # later steps continue the ranking so far
     with pytest.raises(CapabilityError):  # its /v1/completions templates a text prompt: no client-side formats
         rr.with_options(prompt="chatml").rerank("q", ["a", "b", "c"])
+
+
+MALFORMED = {  # path, body (bytes: sent as is)
+    "not JSON": ("/v1/completions", b"{prompt"),
+    "completions without a prompt": ("/v1/completions", {"logprobs": 5}),
+    "a negative top-k": ("/v1/completions", {"prompt": "Q", "logprobs": -1}),
+    "a top-k that is not a number": ("/v1/completions", {"prompt": "Q", "logprobs": "5"}),
+    "chat without messages": ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 3}),
+    "chat with a negative top-k": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}],
+                                                             "top_logprobs": -1}),
+    "tokenize with a number": ("/tokenize", {"content": 5}),
+}
+
+
+@pytest.mark.parametrize("dialect", ["llama.cpp", "vLLM", "SGLang", "Ollama"])
+@pytest.mark.parametrize("case", MALFORMED)
+def test_the_test_double_answers_a_malformed_request_with_a_400_as_a_server_does(dialect, case):
+    handler = DIALECTS[dialect][0]
+    path, body = MALFORMED[case]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = handler(httpx2.Request("POST", f"http://fake.test{path}", content=content))  # never raised
+    if dialect == "Ollama" and path != "/v1/chat/completions":  # no /tokenize; completions ignore log-probabilities
+        assert answer.status_code == (404 if path == "/tokenize" else 200 if case.endswith("top-k") or "number" in case
+                                      else 400), (answer.status_code, answer.text)
+        return
+    assert answer.status_code == 400, (answer.status_code, answer.text)
+    assert "error" in answer.json() or answer.json().get("object") == "error"
+
+
+def test_a_malformed_request_from_the_openai_client_is_a_typed_error_not_a_crash_of_the_double():
+    client, _ = clients()
+    with pytest.raises(__import__("openai").BadRequestError, match="malformed request"):
+        client.completions.create(model="fake", prompt="Q", logprobs=-1, max_tokens=1)

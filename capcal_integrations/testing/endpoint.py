@@ -79,7 +79,9 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
     token texts and no ids (``top_logprobs`` above 20 refused), ``/v1/completions`` on one text prompt only,
     without log-probabilities.
     ``fault(request)`` may return a response to send instead (a 500, or :func:`hosted`'s answers) or None
-    to proceed. ``calls``: every request is appended to it."""
+    to proceed. ``calls``: every request is appended to it. A request the dialect cannot read (not JSON, a
+    field missing or of the wrong type, a negative top-k) is answered 400 with an ``error`` object, as a server
+    answers it, never raised into the client."""
 
     def handler(request: Any) -> Any:
         if calls is not None:
@@ -88,6 +90,13 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
             forced = fault(request)
             if forced is not None:
                 return forced
+        try:
+            return answer(request)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # json's errors are ValueErrors
+            return httpx2.Response(400, json={"error": {"code": 400, "type": "invalid_request_error",
+                                                        "message": f"malformed request: {type(exc).__name__}: {exc}"}})
+
+    def answer(request: Any) -> Any:
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
         dialect = _vllm_only if vllm else _sglang_only if sglang else _ollama_only if ollama else None
@@ -113,6 +122,7 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
         if path == "/apply-template":
             return httpx2.Response(200, json={"prompt": _template(body["messages"])})
         if path == "/v1/completions":
+            top = _top(body.get("logprobs"))
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             choices = []
             for i, prompt in enumerate(prompts):
@@ -121,7 +131,7 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
                         message = '"prompt" elements must be a string, a list of tokens, ... or a list of mixed strings & tokens.'
                         return httpx2.Response(400, json={"error": {"code": 400, "message": message}})
                     prompt = decode(prompt)
-                lp = content_logprobs(prompt, body.get("logprobs") or 1)
+                lp = content_logprobs(prompt, top)
                 if legacy:
                     top = lp["content"][0]["top_logprobs"]
                     lp = {"tokens": [top[0]["token"]], "top_logprobs": [{e["token"]: e["logprob"] for e in top}]}
@@ -141,7 +151,16 @@ def chat_logprobs(body: dict) -> dict:
         return {"content": [{"id": 124, "token": " Y", "logprob": -0.01,
                              "top_logprobs": [{"id": 124, "token": " Y", "logprob": -0.01}]}]}
     return content_logprobs("".join(f"<{m['role']}>{m['content']}" for m in body["messages"]),
-                            body.get("top_logprobs") or 1)
+                            _top(body.get("top_logprobs")))
+
+
+def _top(value: Any) -> int:
+    """The number of alternatives asked (at least the chosen token's); a negative or non-integer count is refused."""
+    if value is None or value is False:
+        return 1
+    if not isinstance(value, int) or value < 0:
+        raise ValueError(f"the number of log-probabilities must be a non-negative integer, got {value!r}")
+    return max(value, 1)
 
 
 def _vllm_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
@@ -185,7 +204,7 @@ def _sglang_only(path: str, body: dict, context: int, max_logprobs: int) -> Any:
         return vllm_completions({**body, "return_tokens_as_token_ids": False}, 1 << 30)  # keyed by token text
     last = body.get("messages", [{}])[-1]
     if path == "/v1/chat/completions" and last.get("role") == "assistant" and not body.get("continue_final_message"):
-        lp = content_logprobs(_template(body["messages"]), body.get("top_logprobs") or 1)
+        lp = content_logprobs(_template(body["messages"]), _top(body.get("top_logprobs")))
         return httpx2.Response(200, json={"choices": [{"index": 0, "logprobs": lp}]})  # a new turn: no prefill
     return None
 
