@@ -122,7 +122,7 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
         if path == "/apply-template":
             return httpx2.Response(200, json={"prompt": _template(body["messages"])})
         if path == "/v1/completions":
-            top = _top(body.get("logprobs"))
+            asked = _top(body.get("logprobs"))
             prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
             choices = []
             for i, prompt in enumerate(prompts):
@@ -131,7 +131,7 @@ def make_handler(*, fault: Callable[[Any], Any] | None = None, legacy: bool = Fa
                         message = '"prompt" elements must be a string, a list of tokens, ... or a list of mixed strings & tokens.'
                         return httpx2.Response(400, json={"error": {"code": 400, "message": message}})
                     prompt = decode(prompt)
-                lp = content_logprobs(prompt, top)
+                lp = content_logprobs(prompt, asked)
                 if legacy:
                     top = lp["content"][0]["top_logprobs"]
                     lp = {"tokens": [top[0]["token"]], "top_logprobs": [{e["token"]: e["logprob"] for e in top}]}
