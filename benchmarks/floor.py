@@ -124,10 +124,13 @@ def _messages(template: Any, query: str, texts: list[str]) -> Any:
 #: The methods timed per list: (row name, method, options). The trie form asks only the branching nodes of the
 #: identifier trie at each step (about 3 of 21 on a 20-passage list), renormalising at each node. ``async``: the
 #: same ranking through ``arerank``. ``every node``: vanilla asking every node of every step, as it did before its
-#: middle steps asked only the nodes their choice needs (on llama.cpp; ``Kind.serial_prompts`` off for the row).
+#: middle steps asked only the nodes their choice needs (``Kind.costly_prompts`` off for the row); ``lazy``: vanilla
+#: asking only those also where the kind says a step's prompts are cheap (SGLang; on for the row).
 METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
            ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}),
-           ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}))
+           ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}), ("vanilla, lazy", "vanilla", {}))
+#: The rows that read the endpoint's kind as one whose prompts each cost compute of their own (True) or not
+COSTLY = {"vanilla, every node": False, "vanilla, lazy": True}
 ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
 ALL = ";".join(name for name, _, _ in METHODS)
 
@@ -153,7 +156,7 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
         before = meter.read()
         started = time.perf_counter()
         ranked = rr.with_options(method=method, **extra)
-        with _every_node(rr, name.endswith("every node")):
+        with _costly(rr, COSTLY.get(name)):
             # arerank sends a step's real and empty streams together (two slots, one batch); rerank one after another
             ranking = (asyncio.run(ranked.arerank(query, _salted(passages))) if name.endswith("async")
                        else ranked.rerank(query, _salted(passages)))
@@ -174,16 +177,17 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
 
 
 @contextlib.contextmanager
-def _every_node(rr: CapCalReranker, on: bool) -> Iterator[None]:
-    """While ``on``: the endpoint's kind read as one that batches a step's prompts, so every node is asked."""
+def _costly(rr: CapCalReranker, costly: bool | None) -> Iterator[None]:
+    """Unless None: the endpoint's kind read as one whose prompts each cost compute of their own (``True``: vanilla's
+    middle steps ask only the nodes their choice needs) or not (``False``: every node is asked)."""
     kind = kind_of(rr.capabilities())
-    if on:
-        kind.serial_prompts = False
+    if costly is not None:
+        kind.costly_prompts = costly
     try:
         yield
     finally:
-        if on:
-            del kind.serial_prompts
+        if costly is not None:
+            del kind.costly_prompts
 
 
 def one_deciding(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], per_token: float,
@@ -228,7 +232,8 @@ def at_once(rr: CapCalReranker, meter: Meter, lists: list[Any], rows: list[dict[
     for name, method, extra in (m for m in METHODS if m[0] in names and not m[0].endswith("async")):
         before = meter.read()
         started = time.perf_counter()
-        rankings = rr.with_options(method=method, **extra).rerank_many(pairs(), concurrency=concurrency)
+        with _costly(rr, COSTLY.get(name)):
+            rankings = rr.with_options(method=method, **extra).rerank_many(pairs(), concurrency=concurrency)
         took = time.perf_counter() - started
         uncached = meter.uncached(before, sum(r.usage.prompt_tokens for r in rankings),
                                   sum(r.usage.cached_tokens for r in rankings))
@@ -249,11 +254,10 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
         if v in names and c in names:
             lines.append(f"capcal / vanilla{form or ', joint'}: median per list "
                          f"{statistics.median(r[c]['s'] / r[v]['s'] for r in rows):.2f}.")
-    if "vanilla" in names and "vanilla, every node" in names:
-        same = sum(r["vanilla"]["order"] == r["vanilla, every node"]["order"] for r in rows)
-        lines.append(f"vanilla: the order is the one asking every node on {same} of {len(rows)} lists; time asking "
-                     "every node / time asking the nodes the choice needs: median per list "
-                     f"{statistics.median(r['vanilla, every node']['s'] / r['vanilla']['s'] for r in rows):.2f}.")
+    for other in (x for x in COSTLY if "vanilla" in names and x in names):
+        same = sum(r["vanilla"]["order"] == r[other]["order"] for r in rows)
+        lines.append(f"vanilla: the order is the one of `{other}` on {same} of {len(rows)} lists; time of `{other}` / "
+                     f"vanilla's: median per list {statistics.median(r[other]['s'] / r['vanilla']['s'] for r in rows):.2f}.")
     for m in ("vanilla", "capcal"):
         t = f"{m}, trie"
         if m in names and t in names and all("order" in r[m] and "order" in r[t] for r in rows):

@@ -1,6 +1,6 @@
 """Vanilla's middle steps ask only the identifier-trie nodes its choice needs (``label_logprobs(best_only=True)``)
-where the server computes a request's prompts one after another (``Kind.serial_prompts``: llama.cpp), against the
-fake endpoint (random distributions, where every node matters); the real model's check is in
+where each prompt of a step costs compute of its own (``Kind.costly_prompts``: llama.cpp, vLLM; not SGLang), against
+the fake endpoint (random distributions, where every node matters); the real model's check is in
 test_e2e.py. The full reading to compare with is ``capcal`` at ``alpha=0``: the same real stream read whole at
 every step, whose calibrated scores are ``p`` itself."""
 
@@ -12,9 +12,11 @@ import pytest
 from capcal_integrations import CapCalReranker
 from tests.fake_endpoint import clients, make_handler
 
+DIALECTS = {"llama.cpp": {}, "vLLM": {"vllm": True}, "SGLang": {"sglang": True}}
 
-def reranker(vllm=False, calls=None, **options):
-    sync, async_ = clients(make_handler(vllm=vllm, calls=calls))
+
+def reranker(dialect="llama.cpp", calls=None, **options):
+    sync, async_ = clients(make_handler(calls=calls, **DIALECTS[dialect]))
     rr = CapCalReranker(client=sync, async_client=async_, guard=None, **options)
     rr.capabilities()  # the probe's requests are not the ranking's
     if calls is not None:
@@ -22,12 +24,12 @@ def reranker(vllm=False, calls=None, **options):
     return rr
 
 
-@pytest.mark.parametrize("vllm", [False, True])
+@pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("n, query", [(20, "q one"), (12, "what is x"), (20, "another query"), (9, "z"), (3, "three")])
-def test_vanilla_chooses_what_the_full_joint_reading_chooses(n, query, vllm):
+def test_vanilla_chooses_what_the_full_joint_reading_chooses(n, query, dialect):
     texts = [f"passage {i} about {query} {i * i}" for i in range(n)]
-    lazy = reranker(vllm, method="vanilla").rerank(query, texts)
-    full = reranker(vllm, method="capcal", alpha=0.0).rerank(query, texts)
+    lazy = reranker(dialect, method="vanilla").rerank(query, texts)
+    full = reranker(dialect, method="capcal", alpha=0.0).rerank(query, texts)
     assert lazy.order == full.order
     for k, (a, b) in enumerate(zip(lazy.steps, full.steps, strict=True)):
         assert a.candidates == b.candidates and a.chosen == b.chosen
@@ -38,17 +40,18 @@ def test_vanilla_chooses_what_the_full_joint_reading_chooses(n, query, vllm):
         else:
             assert a.p == pytest.approx(b.p, abs=1e-12)
     assert lazy.steps[0].pruned == 0 and lazy.steps[-1].pruned == 0  # read whole: the records, every passage's p
-    if vllm:  # a server that runs a request's prompts in one batch is asked every node, in one request a step
+    if dialect == "SGLang":  # a prefix cache by token: a step's prompts cost little more than one, every node asked
         assert all(s.pruned == 0 for s in lazy.steps)
-    elif n >= 12:  # llama.cpp computes them one after another: labels that could not win were left unasked
-        assert sum(s.pruned for s in lazy.steps) >= n
+    elif n >= 12:  # each prompt costs a forward pass (llama.cpp) or a cache block (vLLM): labels that could not win
+        assert sum(s.pruned for s in lazy.steps) >= n  # were left unasked
 
 
-def test_unasked_labels_hold_upper_bounds_and_fewer_nodes_are_asked():
+@pytest.mark.parametrize("dialect", ["llama.cpp", "vLLM"])
+def test_unasked_labels_hold_upper_bounds_and_fewer_nodes_are_asked(dialect):
     query, texts = "what is x", [f"passage {i} about x {i * 7 % 5}" for i in range(20)]
     lazy_calls, full_calls = [], []
-    lazy = reranker(calls=lazy_calls, method="vanilla").rerank(query, texts)
-    reranker(calls=full_calls, method="capcal", alpha=0.0).rerank(query, texts)
+    lazy = reranker(dialect, calls=lazy_calls, method="vanilla").rerank(query, texts)
+    reranker(dialect, calls=full_calls, method="capcal", alpha=0.0).rerank(query, texts)
     assert sum(s.pruned for s in lazy.steps) > 0
     prompts = [_prompts(c) for c in (lazy_calls, full_calls)]
     assert prompts[0] < prompts[1] / 2  # the full reading's real stream alone is half its prompts

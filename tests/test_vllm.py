@@ -55,9 +55,32 @@ def test_every_method_ranks_through_vllm(rr, sent, options):
         return
     streams = 2 if "capcal" in options["method"] else 1
     lists = [r for r in sent if r.url.path.endswith("/completions")]
-    # one token-id prompt list per decoding step and stream, and one per list read for the content check
-    assert len(lists) == streams * len(ranking.steps) + len(ranking.checked)
+    if options["method"] == "vanilla":  # its middle steps ask the nodes their choice needs, in up to three lists
+        assert len(ranking.steps) < len(lists) - len(ranking.checked) <= 3 * len(ranking.steps)
+        assert ranking.steps[0].pruned == ranking.steps[-1].pruned == 0  # the first and last read whole, in one list
+    else:  # one token-id prompt list per decoding step and stream, and one per list read for the content check
+        assert len(lists) == streams * len(ranking.steps) + len(ranking.checked)
     assert all(all(isinstance(t, int) for p in json.loads(r.content)["prompt"] for t in p) for r in lists)
+
+
+def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr, sent):
+    # vLLM's prefix cache reuses whole blocks, so each prompt of a step computes its prefix's last block again: vanilla's
+    # middle steps ask only the trie nodes their choice needs (Kind.costly_prompts). The whole reading is capcal at
+    # alpha 0 (its scores are p itself): each step chooses the label the whole reading ranks first, up to vLLM's drift.
+    passages = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
+    sent.clear()
+    lazy = rr.with_options(method="vanilla").rerank(QUERY, passages)
+    lazy_prompts = sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/completions"))
+    sent.clear()
+    whole = rr.with_options(method="capcal", alpha=0.0).rerank(QUERY, passages)
+    whole_prompts = sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/completions"))
+    assert sorted(lazy.order) == list(range(12)) and len(lazy.steps) == len(whole.steps) == 11
+    assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0 and sum(s.pruned for s in lazy.steps) > 0
+    assert lazy_prompts < whole_prompts / 2  # the whole reading's real stream is half its prompts
+    for a, b in zip(lazy.steps, whole.steps):
+        if a.candidates != b.candidates:
+            break  # a near-tie went the other way: the prefixes differ from here on
+        assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - VLLM_DRIFT, (a.chosen, b.chosen, b.p)
 
 
 def test_sliding_window_over_30_passages(rr):

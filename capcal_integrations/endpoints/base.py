@@ -57,10 +57,11 @@ class Kind:
     prompt_lists: ClassVar[bool] = False  # continues any prompt, client-side formats too, in prompt lists
     prefill: ClassVar[bool] = False  # continues a prefix in the server's chat template
     prefix_as_text: ClassVar[bool] = False  # sends the prefix as text (its tokens' pieces must be text)
-    # the server computes a step's prompts one after another (llama.cpp's slot, Ollama), each trie node a forward
-    # pass of its own: vanilla's middle steps then ask only the nodes their choice needs, in a few more requests
-    # (ranking.decoding); a server that batches them (vLLM, SGLang) is asked every node in one request a step
-    serial_prompts: ClassVar[bool] = False
+    # each prompt of a step costs compute of its own: a forward pass (llama.cpp computes a list's prompts one after
+    # another on its slot; Ollama) or its prefix's last partial cache block computed again (vLLM caches whole blocks
+    # only): vanilla's middle steps then ask only the nodes their choice needs, in a few more requests
+    # (ranking.decoding); elsewhere (SGLang's token-level prefix cache) every node is asked in one request a step
+    costly_prompts: ClassVar[bool] = False
     server: ClassVar[str] = ""  # the server this kind proves (Capabilities.server, where the listing did not say)
 
     def __repr__(self) -> str:

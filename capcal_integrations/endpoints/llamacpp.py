@@ -92,7 +92,7 @@ TOKENIZER = register(LlamaCppTokenizer())
 class LlamaCpp(PromptLists):
     name: ClassVar[str] = "llama.cpp prompt lists"
     transport: ClassVar[str] = "completions"
-    serial_prompts: ClassVar[bool] = True
+    costly_prompts: ClassVar[bool] = True
 
     def render(self, state: EndpointState, caps: Capabilities, keys: Sequence[Key]) -> Flow[None]:
         """Each prompt as a mixed prompt (see the module docstring). The template is rendered with markers in

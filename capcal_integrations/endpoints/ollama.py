@@ -40,7 +40,7 @@ class ChatText(Kind):
     name: ClassVar[str] = "chat prefill read by token text"
     transport: ClassVar[str] = "chat-text"
     prefill: ClassVar[bool] = True  # Capabilities.server is "ollama" only where the listing says so (server_of)
-    serial_prompts: ClassVar[bool] = True
+    costly_prompts: ClassVar[bool] = True
 
     def route(self, caps: Capabilities, prompt: str = "chat") -> str:
         """``text`` in the server's chat template; other formats need raw text completions, which it lacks."""

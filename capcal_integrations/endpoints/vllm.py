@@ -86,6 +86,7 @@ class Vllm(PromptLists):
     name: ClassVar[str] = "vLLM token-id prompt lists"
     transport: ClassVar[str] = "token-completions"
     server: ClassVar[str] = "vllm"
+    costly_prompts: ClassVar[bool] = True  # whole cache blocks only: each prompt computes its prefix's last one again
 
     def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
         yield from learn_controls(state)  # the texts' controls: learned from the rendered prompts

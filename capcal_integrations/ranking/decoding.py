@@ -157,11 +157,11 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     while len(remaining) > 1 and (depth is None or len(order) < depth):
         streams = [real] + ([empty] if empty else [])
         # vanilla's middle steps need only the best label exact (labels.label_logprobs' best_only), where each node
-        # costs a forward pass of its own (Kind.serial_prompts): not the first step (read whole for the records:
+        # prompt costs compute of its own (Kind.costly_prompts): not the first step (read whole for the records:
         # the eval's first step), nor the last before the depth (the order below it) or of the list (then every
         # passage's p in details() is exact)
         lazy = (empty is None and reader.route == "prefix" and opts.probability == "joint" and bool(order)
-                and kind_of(state.caps).serial_prompts and len(remaining) > 2 and (depth is None or len(order) + 1 < depth))
+                and kind_of(state.caps).costly_prompts and len(remaining) > 2 and (depth is None or len(order) + 1 < depth))
         try:
             allowed = [ids[i] for i in remaining]
             scored = yield from (_by_token_ids(state, opts, streams, allowed, chosen_labels, best_only=True) if lazy
