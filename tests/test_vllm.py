@@ -121,7 +121,8 @@ def _brute_force(root, model, messages, prefix, label_texts):
 
 
 def test_label_probabilities_match_a_brute_force_chained_computation(rr, vllm_url):
-    ranking = rr.with_options(method="vanilla").rerank(QUERY, ELEVEN)
+    # depth 2: both steps read every label (a middle step asks only the nodes its choice needs, test_lazy_vanilla.py)
+    ranking = rr.with_options(method="vanilla", depth=2).rerank(QUERY, ELEVEN)
     ids = labels(len(ELEVEN))
     messages = render(RANK_ZEPHYR, QUERY, [clean_passage(p, 300) for p in ELEVEN], ids)
     root = vllm_url[: -len("/v1")]
