@@ -278,6 +278,20 @@ def _per_token_note(rows: list[dict[str, Any]]) -> str:
             "little low).")
 
 
+def _by_answer(rows: list[dict[str, Any]], names: list[str]) -> str:
+    """Time / generating apart by what the generating request wrote: a whole ranking (at least 3 tokens a passage),
+    or a passage or two before it stopped (then it cost about one prefill, and any decoded ranking more)."""
+    whole = [r for r in rows if r["generating_tokens"] >= 3 * r["passages"]]
+    groups = (("wrote a whole ranking", whole), ("stopped early", [r for r in rows if r not in whole]))
+    parts = []
+    for said, group in ((said, group) for said, group in groups if group):
+        ratios = [(m, [r[m]["over_generating"] for r in group]) for m in names if m != "deciding"]
+        parts.append(f"on the {len(group)} lists where it {said} (a median of "
+                     f"{statistics.median(r['generating_tokens'] for r in group):.0f} tokens), " + ", ".join(
+                         f"{m} {statistics.median(x):.2f} (at most {max(x):.2f})" for m, x in ratios))
+    return "Time / one generating request, median per list, apart by what that request wrote: " + "; ".join(parts) + "."
+
+
 def _deciding_note(rows: list[dict[str, Any]], names: list[str]) -> str:
     if "deciding" not in names:
         return ""
@@ -321,7 +335,7 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
                      f"{d['uncached_over_streams']:.2f} |")
     g = statistics.median(r["generating_s"] for r in rows)
     lines += ["", f"One generating request (RankGPT's prompt, at most 100 tokens): median {g:.1f} s.", "",
-              _per_token_note(rows) + _deciding_note(rows, names), "",
+              _per_token_note(rows) + _deciding_note(rows, names), "", _by_answer(rows, names), "",
               *_same_orders(rows, names), "",
               "Per list, seconds (x floor):", "", "| list | generating s | " + " | ".join(names) + " |",
               "|---|---:|" + "---:|" * len(names)]
