@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import pathlib
 import random
@@ -54,7 +55,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker  # noqa: E402
 from capcal_integrations.content_check.rules import RULES  # noqa: E402
-from capcal_integrations.endpoints import kind_of, tokenize  # noqa: E402
+from capcal_integrations.endpoints import CHAT_PREFILL, kind_of, tokenize  # noqa: E402
 from capcal_integrations.prompts.render import QUERY_PLACEHOLDER, labels, render_prompt, resolve_template  # noqa: E402
 from capcal_integrations.ranking.decoding import check_readings  # noqa: E402
 from capcal_integrations.ranking.orders import kendall_tau  # noqa: E402
@@ -319,6 +320,7 @@ def _write(out: pathlib.Path, args: argparse.Namespace, rows: list[dict[str, Any
              f"{f' --deciding-lists {args.deciding_lists}' if getattr(args, 'deciding_lists', None) else ''}"
              f"{f' --engine {args.engine}' if getattr(args, 'engine', 'llamacpp') != 'llamacpp' else ''}"
              f"{f' --concurrency {args.concurrency}' if getattr(args, 'concurrency', 0) else ''}"
+             f"{' --chat' if getattr(args, 'chat', False) else ''}"
              f"{'' if getattr(args, 'methods', None) in (None, ALL) else f' --methods {args.methods!r}'}"
              "` on "
              f"{info['server']} ({info['model']}, {info['slots']} slots), commit {info['commit']}, {len(rows)} lists, "
@@ -371,6 +373,8 @@ def main() -> int:
                     help="the embedded server's engine (without --base-url)")
     ap.add_argument("--concurrency", type=int, default=0,
                     help="then rank the lists N at once beside N generating requests at once (default: not)")
+    ap.add_argument("--chat", action="store_true",
+                    help="read through chat prefill (one chat request per prompt), as on a server without prompt lists")
     ap.add_argument("--report", action="store_true", help="rewrite the .md from the saved .json, nothing run")
     args = ap.parse_args()
     if args.report:
@@ -390,6 +394,8 @@ def main() -> int:
         rr = CapCalReranker(base_url=ep.base_url, api_key=key, model=ep.model, timeout=3600, guard=None)
         meter = Meter(ep.base_url, key)
         caps = rr.capabilities()
+        if args.chat:  # the kind of a server without prompt lists: one chat request per prompt, prefilled
+            caps = rr._state.caps = dataclasses.replace(caps, transport="chat", prompt_lists=False, kind=CHAT_PREFILL)
         info: dict[str, Any] = {"server": caps.server or caps.kind.name, "model": caps.model, "slots": caps.slots,
                                 "commit": commit, "prefix_cache_counters": meter.counters}
         def deciding(k: int) -> int:

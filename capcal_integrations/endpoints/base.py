@@ -59,8 +59,9 @@ class Kind:
     prefix_as_text: ClassVar[bool] = False  # sends the prefix as text (its tokens' pieces must be text)
     # each prompt of a step costs compute of its own: a forward pass (llama.cpp computes a list's prompts one after
     # another on its slot; Ollama) or its prefix's last partial cache block computed again (vLLM caches whole blocks
-    # only): vanilla's middle steps then ask only the nodes their choice needs, in a few more requests
-    # (ranking.decoding); elsewhere (SGLang's token-level prefix cache) every node is asked in one request a step
+    # only; chat prefill: a request per prompt): vanilla's middle steps then ask only the nodes their choice needs, in
+    # a few more requests (ranking.decoding); elsewhere (SGLang's prompt lists, a prefix cache by token) every node is
+    # asked in one request a step
     costly_prompts: ClassVar[bool] = False
     server: ClassVar[str] = ""  # the server this kind proves (Capabilities.server, where the listing did not say)
 

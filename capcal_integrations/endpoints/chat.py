@@ -28,6 +28,7 @@ class ChatPrefill(Kind):
     transport: ClassVar[str] = "chat"
     prefill: ClassVar[bool] = True
     prefix_as_text: ClassVar[bool] = True
+    costly_prompts: ClassVar[bool] = True  # a chat request per prompt, each prompt's whole text sent and tokenized
 
     def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
         """On a server with vLLM's or SGLang's tokenizer: the control tokens of its template and of ``texts``
