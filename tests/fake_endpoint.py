@@ -20,3 +20,9 @@ from capcal_integrations.testing.endpoint import (  # noqa: F401 - re-exported
     vllm_completions,
 )
 from capcal_integrations.testing.loopback import Loopback, Seen  # noqa: F401 - re-exported
+
+
+def no_completions(request):
+    """A ``fault`` for ``make_handler``: no ``/v1/completions`` (a vLLM without prompt lists, read through chat
+    prefill: one chat request per prompt)."""
+    return httpx2.Response(404, json={}) if request.url.path == "/v1/completions" else None

@@ -25,17 +25,13 @@ from capcal_integrations.errors import CapabilityError
 from capcal_integrations.testing import clients, hosted, make_handler
 from capcal_integrations.transport.drivers import run_sync
 from capcal_integrations.types import Capabilities
-from tests.fake_endpoint import httpx2
+from tests.fake_endpoint import httpx2, no_completions
 
 
 def _chat_answer() -> dict:
     top = [{"token": t, "logprob": lp} for t, lp in (("[", -0.1), (" [", -2.5))]
     return {"choices": [{"index": 0, "message": {"content": "[2] > [1] > [3]"},
                          "logprobs": {"content": [{"token": "[", "logprob": -0.1, "top_logprobs": top}]}}]}
-
-
-def _no_completions(request):
-    return httpx2.Response(404, json={}) if request.url.path == "/v1/completions" else None
 
 
 def _no_messages_in_tokenize(request):  # an SGLang before /tokenize took messages: prompt is required
@@ -47,7 +43,7 @@ def _no_messages_in_tokenize(request):  # an SGLang before /tokenize took messag
 DIALECTS = {
     "llama.cpp": (make_handler(), LLAMACPP, "completions"),
     "vLLM": (make_handler(vllm=True), VLLM, "token-completions"),
-    "chat prefill (vLLM without prompt lists)": (make_handler(vllm=True, fault=_no_completions), CHAT_PREFILL, "chat"),
+    "chat prefill (vLLM without prompt lists)": (make_handler(vllm=True, fault=no_completions), CHAT_PREFILL, "chat"),
     "SGLang": (make_handler(sglang=True), SGLANG, "sglang-completions"),
     "chat prefill (SGLang without messages in /tokenize)": (
         make_handler(sglang=True, fault=_no_messages_in_tokenize), CHAT_PREFILL, "chat"),

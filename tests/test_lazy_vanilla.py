@@ -1,7 +1,7 @@
 """Vanilla's middle steps ask only the identifier-trie nodes its choice needs (``label_logprobs(best_only=True)``)
 where each prompt of a step costs compute of its own (``Kind.costly_prompts``: llama.cpp, vLLM, chat prefill; not
-SGLang's prompt lists), against
-the fake endpoint (random distributions, where every node matters); the real model's check is in
+SGLang's prompt lists), against the fake endpoint (random distributions, where every node matters); the real model's
+check is in
 test_e2e.py. The full reading to compare with is ``capcal`` at ``alpha=0``: the same real stream read whole at
 every step, whose calibrated scores are ``p`` itself."""
 
@@ -11,15 +11,10 @@ import math
 import pytest
 
 from capcal_integrations import CapCalReranker
-from tests.fake_endpoint import clients, httpx2, make_handler
-
-
-def _no_completions(request):  # a vLLM without prompt lists: read through chat prefill, a request per prompt
-    return httpx2.Response(404, json={}) if request.url.path == "/v1/completions" else None
-
+from tests.fake_endpoint import clients, make_handler, no_completions
 
 DIALECTS = {"llama.cpp": {}, "vLLM": {"vllm": True}, "SGLang": {"sglang": True},
-            "chat prefill": {"vllm": True, "fault": _no_completions}}
+            "chat prefill": {"vllm": True, "fault": no_completions}}
 
 
 def reranker(dialect="llama.cpp", calls=None, **options):

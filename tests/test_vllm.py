@@ -70,10 +70,10 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr,
     passages = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
     sent.clear()
     lazy = rr.with_options(method="vanilla").rerank(QUERY, passages)
-    lazy_prompts = sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/completions"))
+    lazy_prompts = _prompts(sent)
     sent.clear()
     whole = rr.with_options(method="capcal", alpha=0.0).rerank(QUERY, passages)
-    whole_prompts = sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/completions"))
+    whole_prompts = _prompts(sent)
     assert sorted(lazy.order) == list(range(12)) and len(lazy.steps) == len(whole.steps) == 11
     assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0 and sum(s.pruned for s in lazy.steps) > 0
     assert lazy_prompts < whole_prompts / 2  # the whole reading's real stream is half its prompts
@@ -81,6 +81,11 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr,
         if a.candidates != b.candidates:
             break  # a near-tie went the other way: the prefixes differ from here on
         assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - VLLM_DRIFT, (a.chosen, b.chosen, b.p)
+
+
+def _prompts(sent: list) -> int:
+    """How many prompts (trie nodes) the recorded token-id prompt lists asked."""
+    return sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/completions"))
 
 
 def test_sliding_window_over_30_passages(rr):
