@@ -48,7 +48,7 @@ def rig():
         if os.environ.get("CAPCAL_REQUIRE_ROUTER"):
             pytest.fail("vllm-router is not installed (CAPCAL_REQUIRE_ROUTER is set)")
         pytest.skip("vllm-router is not installed (pip install vllm-router)")
-    with Rig(api_key=secrets.token_urlsafe(16)) as r:
+    with Rig(api_key="-" + secrets.token_urlsafe(16)) as r:  # a key like a flag: token_urlsafe gives one in 64
         yield r
 
 

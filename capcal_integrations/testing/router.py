@@ -149,7 +149,8 @@ class Rig:
                     [binary, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *workers,
                      "--policy", self.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                      "--request-timeout-secs", "3600", "--log-level", "warning",
-                     *(["--api-key", self.api_key] if self.api_key else [])],
+                     # one argument: a key that starts with "-" (token_urlsafe's alphabet has it) is not read as a flag
+                     *([f"--api-key={self.api_key}"] if self.api_key else [])],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self._wait_router()
         except BaseException:
