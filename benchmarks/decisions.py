@@ -198,7 +198,9 @@ def upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
     lo, hi = k / n, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        cdf = math.fsum(math.comb(n, i) * mid ** i * (1 - mid) ** (n - i) for i in range(k + 1))
+        lp, lq = math.log(mid), math.log1p(-mid)  # the terms in log space: any n and k (no float overflow)
+        cdf = math.fsum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+                        for i in range(k + 1))
         lo, hi = (mid, hi) if cdf > 1 - confidence else (lo, mid)
     return hi
 

@@ -1,4 +1,4 @@
-"""The default rule (``guard="query"``) under the nulls real models produce, each cell with its own seeds (issue 33).
+"""The default rule (``guard="query"``) under the nulls real models produce, each cell with its own seeds.
 
 Every decision is the library's own sequential test (``rules.RULES["query"]``: its orders, its per-query e-value
 :func:`~capcal_integrations.content_check.query_contrast.judge_scaled`, its
@@ -20,9 +20,17 @@ passage) stays, and with the query it is ``scale`` times as sharp. The nulls (``
   heavy tails (Student-t, 3 degrees of freedom), per-list noise scales (exp(N(0, 1))), shared slot effects, mixed
   lengths (3-30), sliding windows (the top 20 of 50-100);
 
-and the power cells (``s`` = .5 and 1): a plain reader and a sharpened reader (own SD .5, scale 1.3), in every shape.
+* relations that are no scaled copy within the rule's range: ``scale`` 2-3 and 0.5-0.7 (x ``own``), a scale drawn per
+  query (lognormal, median 1.5, sdlog .5), a non-linear sharpening (``sign(t) |t|^1.5``), a scale drawn per passage
+  (lognormal, median 1.3, sdlog .3), content weights per slot with the query only (``1 + N(0, 1)``: "lost in the
+  middle" only with the query), and a query-shifted, top-8 censored prior on a taste sharpened 2.5x;
+
+the power cells (``s`` = .5 and 1): a plain reader and a sharpened reader (own SD .5, scale 1.3), in every shape; and
+the readers a label-free rule may not tell from a taste of the model's own (``refused_cells``): the query-free prompt
+still shows .5x the relevance, or the given order is reversed (worst first).
 Goals: false "reads" at most 1 % with the exact 95 % upper bound at most 1.5 % (2,000 decisions a null cell);
-"reads" within 24 queries at s = .5 and within 12 at s = 1 in at least 95 % of runs (400 a power cell)::
+"reads" within 24 queries at s = .5 and within 12 at s = 1 in at least 95 % of runs (400 a power cell); the refused
+readers "does not read" in at most 5 % (400 a cell)::
 
     python benchmarks/null_suite.py --data ../shared/data/trec-dl19-passage --workers 2
 
@@ -34,9 +42,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import multiprocessing
 import pathlib
 import random
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -70,12 +80,20 @@ class Cell:
     shown: int = 0  # labels told apart per prompt (0: all)
     pool: int = 0  # distinct queries (0: every draw a new query)
     dedup: str = "query"  # the check reads a query once ("query") or a list once ("list")
+    scale_sd: float = 0.0  # the scale drawn per query: scale * exp(N(0, scale_sd)) (lognormal)
+    power: float = 1.0  # with the query, the own preference t becomes sign(t) |t|^power (then scaled)
+    passage_sd: float = 0.0  # the scale drawn per passage too: times exp(N(0, passage_sd))
+    weights_sd: float = 0.0  # with the query only, slot j's content times 1 + N(0, weights_sd) (per query)
+    free_rel: float = 0.0  # the query-free prompt still shows this times the relevance (passages that look relevant)
+    reverse: bool = False  # the given order reversed (worst first)
 
     def seed(self, base: int) -> int:
-        text = json.dumps({**asdict(self), "base": base}, sort_keys=True)
+        fields = {k: v for k, v in asdict(self).items() if k not in _LATER or v != _LATER[k]}  # earlier cells' seeds kept
+        text = json.dumps({**fields, "base": base}, sort_keys=True)
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "big")
 
 
+_LATER = {"scale_sd": 0.0, "power": 1.0, "passage_sd": 0.0, "weights_sd": 0.0, "free_rel": 0.0, "reverse": False}
 REAL_NULL = {"own": 0.5, "scale": 1.3}  # the real models' null: a sharper copy of a taste of their own
 
 
@@ -89,6 +107,16 @@ def null_cells(dedup: str = "query") -> list[Cell]:
               Cell("shared slot effects", model="shared-slots", **REAL_NULL),
               Cell("mixed lengths", shape="mixed", **REAL_NULL), Cell("windows", shape="windows", **REAL_NULL),
               Cell("no content, no taste")]
+    # relations between the with-query and the query-free preference that are no scaled copy within 0.8-2
+    cells += [Cell(f"sharpened {scale:g}x, own SD {own:g}", own=own, scale=scale)
+              for scale, owns in ((2.0, (0.17, 0.5, 1.0)), (2.2, (1.0,)), (2.5, (0.5, 1.0)), (3.0, (0.17, 0.5)),
+                                  (0.5, (0.5, 1.0)), (0.7, (1.0,))) for own in owns]
+    cells += [Cell("scale per query, lognormal (median 1.5, sdlog .5), own SD 1", own=1.0, scale=1.5, scale_sd=0.5),
+              Cell("sharpened non-linearly, sign(t) |t|^1.5, own SD 1", own=1.0, power=1.5),
+              *(Cell(f"scale per passage, lognormal (median 1.3, sdlog .3), own SD {own:g}", own=own, scale=1.3,
+                     passage_sd=0.3) for own in (0.5, 1.0)),
+              Cell("with-query slot weights 1 +- 1, own SD 1", own=1.0, weights_sd=1.0),
+              Cell("query-shifted slot prior, top-8 censored, sharpened 2.5x", own=1.0, scale=2.5, shift=0.5, shown=8)]
     return cells
 
 
@@ -98,8 +126,18 @@ def power_cells() -> list[Cell]:
             for kind, extra in (("plain", {}), ("sharpened 1.3x own .5", REAL_NULL))]
 
 
-def summaries(cell: Cell, seed: int, all_grades: list[list[int]]):
-    """The rule's summary of each query the check reads, in the order a decision draws them."""
+def refused_cells() -> list[Cell]:
+    """Readers a label-free rule may not tell from a taste of the model's own: "reads" or "cannot tell", never (in more
+    than 5 % of runs) "does not read"."""
+    return [Cell(f"reader whose query-free prompt shows .5x the relevance{extra}", s=s, free_rel=0.5, **kw)
+            for s in (0.5, 1.0) for extra, kw in (("", {}), (", sharpened 1.3x own .5", REAL_NULL))] + \
+           [Cell(f"reader, given order reversed{extra}", s=s, reverse=True, **kw)
+            for s in (0.5, 1.0) for extra, kw in (("", {}), (", sharpened 1.3x own .5", REAL_NULL))]
+
+
+def readings(cell: Cell, seed: int, all_grades: list[list[int]]):
+    """The rule's reading (with the query, then query-free) of each query the check reads, in the order a decision
+    draws them."""
     model = SCENARIOS[cell.model].replace(s=1.0, seed=seed)
     rng = random.Random(seed)
     pool = [rng.randrange(len(all_grades)) for _ in range(cell.pool)]
@@ -110,6 +148,8 @@ def summaries(cell: Cell, seed: int, all_grades: list[list[int]]):
         qid = rng.choice(pool) if pool else k
         grades = all_grades[qid] if pool else all_grades[rng.randrange(len(all_grades))]
         g = list_of(cell.shape, grades, random.Random(f"{seed}|{qid}") if pool else rng)
+        if cell.reverse:
+            g = g[::-1]
         n = len(g)
         keys = [f"p{qid}-{i}" for i in range(n)]
         own = [cell.own * random.Random(f"{seed}|own|{key}").gauss(0.0, 1.0) for key in keys]
@@ -124,22 +164,54 @@ def summaries(cell: Cell, seed: int, all_grades: list[list[int]]):
         seen.add(ident)
         idle = 0
         tag = f"q{qid}" if pool else f"q{k}"  # a deterministic model: the same query, the same noise
-        real = [cell.s * x + cell.scale * t for x, t in zip(g, own)]
-        orders = RULE.orders(n)
-
-        with_query, free = (read(model, orders, keys, content, f"{tag} {kind}", key)
-                            for content, kind, key in ((real, "with", tag), (own, "free", f"{tag} free")))
-        if cell.shift:  # the query moves the slot prior: which labels a top-k server tells apart moves with it
-            u = [cell.shift * random.Random(f"{seed}|shift|{tag}|{j}").gauss(0.0, 1.0) for j in range(n)]
-            with_query = tuple(tuple(v + e for v, e in zip(vec, u)) for vec in with_query)
-        if cell.shown:
-            with_query, free = (tuple(censor(vec, cell.shown) for vec in vecs) for vecs in (with_query, free))
-        yield RULE.summary(Reading((*with_query, *free)))
+        yield read_query(cell, model, seed, tag, g, keys, own)
 
 
-def read(model, orders: list[list[int]], keys: list[str], content: list[float], prompt: str, list_key: str) -> tuple:
-    """The first-step label logits of ``content`` in each of ``orders`` (each order its own prompt: its own noise)."""
-    return tuple(tuple(model.logits([content[i] for i in o], f"{prompt} r{r}", [keys[i] for i in o], list_key=list_key))
+def with_query_taste(cell: Cell, seed: int, tag: str, keys: list[str], own: list[float]) -> list[float]:
+    """What the model's own preference becomes with the query: ``scale`` times it (a scale per query and per passage
+    where the cell draws them), after ``sign(t) |t|^power``."""
+    scale = cell.scale * (math.exp(cell.scale_sd * random.Random(f"{seed}|scale|{tag}").gauss(0.0, 1.0))
+                          if cell.scale_sd else 1.0)
+    out = []
+    for key, t in zip(keys, own):
+        each = math.exp(cell.passage_sd * random.Random(f"{seed}|each|{tag}|{key}").gauss(0.0, 1.0)) \
+            if cell.passage_sd else 1.0
+        out.append(scale * each * math.copysign(abs(t) ** cell.power, t))
+    return out
+
+
+def read_query(cell: Cell, model, seed: int, tag: str, g: list[int], keys: list[str], own: list[float]) -> Reading:
+    """One query's reading: its list in the rule's orders with the query, then query-free."""
+    n = len(g)
+    real = [cell.s * x + t for x, t in zip(g, with_query_taste(cell, seed, tag, keys, own))]
+    free = [t + cell.free_rel * cell.s * x for x, t in zip(g, own)]
+    orders = RULE.orders(n)
+    weights = ([1.0 + cell.weights_sd * random.Random(f"{seed}|weight|{tag}|{j}").gauss(0.0, 1.0) for j in range(n)]
+               if cell.weights_sd else None)
+    with_query, free_read = (read(model, orders, keys, content, f"{tag} {kind}", key, w)
+                             for content, kind, key, w in ((real, "with", tag, weights), (free, "free", f"{tag} free",
+                                                                                           None)))
+    if cell.shift:  # the query moves the slot prior: which labels a top-k server tells apart moves with it
+        u = [cell.shift * random.Random(f"{seed}|shift|{tag}|{j}").gauss(0.0, 1.0) for j in range(n)]
+        with_query = tuple(tuple(v + e for v, e in zip(vec, u)) for vec in with_query)
+    if cell.shown:
+        with_query, free_read = (tuple(censor(vec, cell.shown) for vec in vecs) for vecs in (with_query, free_read))
+    return Reading((*with_query, *free_read))
+
+
+def summaries(cell: Cell, seed: int, all_grades: list[list[int]]):
+    """The rule's summary of each query the check reads, in the order a decision draws them."""
+    for reading in readings(cell, seed, all_grades):
+        yield RULE.summary(reading)
+
+
+def read(model, orders: list[list[int]], keys: list[str], content: list[float], prompt: str, list_key: str,
+         weights: list[float] | None = None) -> tuple:
+    """The first-step label logits of ``content`` in each of ``orders`` (each order its own prompt: its own noise;
+    slot ``j``'s content times ``weights[j]`` where given)."""
+    w = weights or [1.0] * len(content)
+    return tuple(tuple(model.logits([content[i] * w[j] for j, i in enumerate(o)], f"{prompt} r{r}",
+                                    [keys[i] for i in o], list_key=list_key))
                  for r, o in enumerate(orders))
 
 
@@ -169,37 +241,52 @@ def run_cell(pool, cell: Cell, draws: int, grades: list[list[int]], base: int) -
     row = {**asdict(cell), "draws": draws, "seed": seed0, "reads": len(reads), "reads_rate": len(reads) / draws,
            "reads_upper_95": upper_bound(len(reads), draws),
            "does_not_read": sum(v == "does not read" for v, _ in runs), "undecided": sum(v == "undecided" for v, _ in runs),
+           "cannot_tell": sum(v == "cannot tell" for v, _ in runs),
            "reads_within_12": sum(q <= 12 for q in reads) / draws, "reads_within_24": sum(q <= 24 for q in reads) / draws,
            "median_queries": sorted(q for _, q in runs)[draws // 2], "seconds": round(time.perf_counter() - start, 1)}
     print(json.dumps(row), flush=True)
     return row
 
 
-def report(nulls: list[dict], power: list[dict], meta: dict) -> str:
-    lines = ["# The default rule under the nulls real models produce (issue 33)", "",
-             f"`{meta['command']}` ({meta['seconds']:.0f} s, {meta['when']}). Data: {meta['data']} ({meta['queries']} "
-             "queries). Each decision is the library's own test (`rules.RULES[\"query\"]`: each query's e-value the "
-             "least over the scales 0.8-2 of the sign-flip e-value of what the query adds beyond a scaled copy of the "
-             "model's query-free preference, `query_contrast.judge_scaled`) over queries drawn at random, each cell "
-             "with seeds of its own (`null_suite.Cell.seed`). Module docstring: what each cell simulates.", "",
+def report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict) -> str:
+    lines = ["# The default rule under the nulls real models produce", "",
+             f"`{meta['command']}` ({meta['seconds']:.0f} s, {meta['when']}, commit {meta['commit']}). Data: "
+             f"{meta['data']} ({meta['queries']} queries). Each decision is the library's own test "
+             "(`rules.RULES[\"query\"]`: each query's e-value the least over the scales "
+             f"{min(meta['scales']):g}-{max(meta['scales']):g} of the sign-flip e-value of what the query adds beyond a "
+             "scaled copy of the model's query-free preference, `query_contrast.judge_scaled`; the taste gate on "
+             "\"reads\", `query_contrast.relation`; the with-query taste that splits \"does not read\" from \"cannot "
+             "tell\") over queries drawn at random, each cell with seeds of its own (`null_suite.Cell.seed`). Module "
+             "docstring: what each cell simulates.", "",
              "## Without content (s = 0): false \"reads\"", "",
-             "Goal: at most 1 %, the exact 95 % upper bound at most 1.5 %.", "",
-             "| null | shape | decisions | reads | rate | 95 % upper | does not read | undecided | median queries |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "Goal: at most 1 %, the exact 95 % upper bound at most 1.5 %; the rest \"does not read\" or \"cannot "
+             "tell\" (or undecided at the cap of 40 queries).", "",
+             "| null | shape | decisions | reads | rate | 95 % upper | does not read | cannot tell | undecided | "
+             "median queries |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in nulls:
         ok = r["reads_rate"] <= 0.01 and r["reads_upper_95"] <= 0.015
         lines.append(f"| {r['name']}{'' if r['dedup'] == 'query' else ' (list de-duplication)'} | {r['shape']} | "
                      f"{r['draws']} | {r['reads']} | {100 * r['reads_rate']:.2f} % | {100 * r['reads_upper_95']:.2f} %"
-                     f"{'' if ok else ' ✗'} | {r['does_not_read']} | {r['undecided']} | {r['median_queries']} |")
+                     f"{'' if ok else ' ✗'} | {r['does_not_read']} | {r.get('cannot_tell', 0)} | {r['undecided']} | "
+                     f"{r['median_queries']} |")
     lines += ["", "## With content: \"reads\" within 12 and 24 queries", "",
               "Goal: within 24 queries in at least 95 % of runs at s = .5, within 12 at s = 1.", "",
-              "| reader | s | decisions | within 12 | within 24 | reads at all | median queries |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "| reader | s | decisions | within 12 | within 24 | reads at all | cannot tell | median queries |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in power:
         goal = r["reads_within_12"] if r["s"] >= 1 else r["reads_within_24"]
         lines.append(f"| {r['name']} | {r['s']:g} | {r['draws']} | {100 * r['reads_within_12']:.1f} % | "
-                     f"{100 * r['reads_within_24']:.1f} % | {100 * r['reads'] / r['draws']:.1f} %"
-                     f"{'' if goal >= 0.95 else ' ✗'} | {r['median_queries']} |")
+                     f"{100 * r['reads_within_24']:.1f} %{'' if goal >= 0.95 else ' ✗'} | "
+                     f"{100 * r['reads'] / r['draws']:.1f} % | {r.get('cannot_tell', 0)} | {r['median_queries']} |")
+    lines += ["", "## Readers a label-free rule may not tell from a taste: never \"does not read\"", "",
+              "Goal: \"does not read\" in at most 5 % of runs; \"reads\" or \"cannot tell\" (whose WARNING names judged "
+              "queries) are both right answers here.", "",
+              "| reader | s | decisions | reads | cannot tell | does not read | undecided | median queries |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in refused:
+        ok = r["does_not_read"] <= 0.05 * r["draws"]
+        lines.append(f"| {r['name']} | {r['s']:g} | {r['draws']} | {r['reads']} | {r.get('cannot_tell', 0)} | "
+                     f"{r['does_not_read']}{'' if ok else ' ✗'} | {r['undecided']} | {r['median_queries']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -224,12 +311,17 @@ def main() -> int:
     with multiprocessing.Pool(a.workers) as pool:
         nulls = [run_cell(pool, c, a.draws, grades, a.seed) for c in null_cells(a.dedup) if a.only in c.name]
         power = [run_cell(pool, c, a.power_draws, grades, a.seed) for c in power_cells() if a.only in c.name]
+        refused = [run_cell(pool, c, a.power_draws, grades, a.seed) for c in refused_cells() if a.only in c.name]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
     meta = {"command": "python benchmarks/null_suite.py " + " ".join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d"),
+            "commit": commit or "unknown",
             "scales": list(query_contrast.SCALES),
             "seconds": time.perf_counter() - start, "data": pathlib.Path(a.data).name, "queries": len(grades)}
     out = pathlib.Path(a.out)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "nulls": nulls, "power": power}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(report(nulls, power, meta))
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "nulls": nulls, "power": power, "refused": refused},
+                                                   indent=1) + "\n")
+    out.with_suffix(".md").write_text(report(nulls, power, refused, meta))
     print(out.with_suffix(".md").read_text())
     return 0
 

@@ -10,9 +10,11 @@ decided once, over the queries ranked, and cached on the endpoint state (:func:`
 state per key. **The default rule** (:mod:`.query_contrast`): each query's list (its top window, 4 passages or
 more) is read at the first step in four orders, with the query and without it; the agreement of two slot-free
 estimates of what the query adds to the same passage pairs is the query's score, and a sequential test over the
-queries (:class:`~.evidence.Evidence`) says "reads" or "does not read" as soon as the evidence is strong either
-way (false "reads" at most 1 %, at any number of looks), or "undecided" (treated as not reading) after
-``check_lists`` queries.
+queries (:class:`~.evidence.Evidence`) says "reads", "does not read" or "cannot tell" as soon as the evidence is
+strong enough (docs/content-check.md: what each outcome guarantees, and under which conditions), or "undecided"
+(treated as not reading) after ``check_lists`` queries. "cannot tell": the model prefers some passages consistently
+with the query, but what the query adds copies what it prefers without the query, or does not go the first stage's
+way; only judged queries tell such a model from a reader.
 
 **While undecided** every list keeps its given order (with a note): a model that does not read never
 pays in quality. The readings are taken off the request path: the reranker hands a :class:`~.attempts.Pending`
@@ -110,6 +112,10 @@ class ContentCheck:
         about = f"content check ({d.lists} queries, e = {d.e_value:.3g}{', saved' if d.saved else ''})"
         if d.reads:
             note = f"{about}: the model reads the passages; calibrated at alpha {alpha:g}"
+        elif d.verdict == "cannot tell":
+            note = (f"{about}: cannot tell whether the model reads the passages (its preferences with the query copy "
+                    "its preferences without it, or do not go the first stage's way); kept in its given order until "
+                    "judged queries decide (reranker.decide(judged), capcal decide; guard=None calibrates anyway)")
         elif d.verdict == "undecided":
             note = (f"{about}: undecided at the cap, treated as not reading; kept in its given order (a larger "
                     "check_lists reads on; guard=None calibrates anyway)")
@@ -257,7 +263,8 @@ class ContentCheck:
         first = self.rule.strength(readings, form=form, first_only=True)[0] if reads else 1.0
         return ContentDecision(reads, verdict, min(1.0, 1.0 / max(e.for_reads, 1e-300)), e.for_reads,
                                sum(e.scores) / max(1, e.queries), e.queries, alpha, first, tuple(curve.items()), self.key,
-                               aligned=e.aligned, e_aligned=min(e.for_aligned, 1e300))
+                               aligned=e.aligned, e_aligned=min(e.for_aligned, 1e300),
+                               e_taste=min(e.for_taste, 1e300))
 
 
 def announce(decision: ContentDecision, loud: bool = False) -> None:
@@ -266,6 +273,8 @@ def announce(decision: ContentDecision, loud: bool = False) -> None:
     if decision.reads:
         log.log(logging.WARNING if loud else logging.INFO, "capcal: %s; lists are calibrated from now on", decision)
     else:
+        then = ("only judged queries can tell: reranker.decide(judged) or `capcal decide` decides from them"
+                if decision.verdict == "cannot tell" else
+                "with judged queries reranker.decide(judged) decides from them")
         log.warning("capcal: %s. The reranker keeps the given order of every list for this model and these options "
-                    "(the retriever's, with its scores); with judged queries reranker.decide(judged) decides from them, "
-                    "guard=None calibrates anyway.", decision)
+                    "(the retriever's, with its scores); %s, guard=None calibrates anyway.", decision, then)

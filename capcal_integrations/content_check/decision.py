@@ -73,8 +73,9 @@ def key_id(key: Key) -> str:
 class ContentDecision:
     """The content check's decision for one key. Inspect it, print it (one line), save it (:meth:`to_json`)
     and hand it to another process (the ``decision`` option: the JSON or a file holding it), which then
-    ranks without deciding again. ``verdict``: ``"reads"``, ``"does not read"`` or ``"undecided"`` (no
-    decision within the cap: treated as not reading); ``e_value``: the evidence against "no content"
+    ranks without deciding again. ``verdict``: ``"reads"``, ``"does not read"``, ``"cannot tell"`` (a consistent
+    preference the label-free check cannot tell from reading: treated as not reading until judged queries decide) or
+    ``"undecided"`` (no decision within the cap: treated as not reading); ``e_value``: the evidence against "no content"
     (``p_value`` = its anytime-valid p-value, ``1 / e``); ``score``: the queries' mean agreement."""
 
     reads: bool
@@ -90,6 +91,7 @@ class ContentDecision:
     level: float = LEVEL
     aligned: float = 1.0  # the queries' mean alignment with the first stage's order (contrast.alignment)
     e_aligned: float = 1.0  # the evidence that it goes the first stage's way ("reads" needs evidence.ALIGN_E)
+    e_taste: float = 1.0  # the evidence that its with-query preferences are consistent ("cannot tell" needs TASTE_E)
     judged: int = 0  # decided from this many judged queries (CapCalReranker.decide; :mod:`.judged`), 0: label-free
     gain: float = 0.0  # judged: the mean nDCG@10 gain of calibrating over the given order
     gain_low: float = 0.0  # judged: the lower end of its two-sided 95 % interval (> 0: calibrate)
@@ -107,6 +109,12 @@ class ContentDecision:
         if self.reads:
             verdict = (f"the model reads the passages ({evidence}); alpha {self.alpha:g} (first-token "
                        f"{self.alpha_first_token:g}) chosen label-free")
+        elif self.verdict == "cannot tell":  # a taste the label-free check cannot tell from reading
+            verdict = (f"cannot tell whether the model reads the passages ({evidence}, with-query taste e = "
+                       f"{self.e_taste:.3g}): it prefers some passages consistently with the query, but what the query "
+                       "adds copies its preferences without the query (a taste of its own, or relevance that shows "
+                       "without the query) or does not go the first stage's way; only judged queries can tell: lists "
+                       "keep their given order until they decide")
         elif self.verdict == "undecided":  # stopped at the cap: neither side reached its threshold
             verdict = (f"undecided at the cap ({evidence}), so treated as not reading: lists keep their given order; "
                        "a larger check_lists reads on")

@@ -20,6 +20,18 @@ come:
   go the first stage's way);
 * neither after ``CAP`` queries: "does not read (undecided)".
 
+**Three outcomes.** A rule that also reports each query's **with-query taste** (the agreement of its with-query
+estimates alone, and their own sign-flip e-value: :func:`.query_contrast.summary`) separates the two ways of not
+saying "reads":
+
+* "does not read" when ``mean_lambda prod (1 + lambda (EFFECT - T_i))`` on the taste scores reaches ``1 / MISS``:
+  with the query, the model's preferences among the passages are no more than slot effects and noise;
+* "cannot tell" when the "does not read" process above on what the query adds (or on its alignment) has reached
+  ``1 / MISS`` **and** the product of the taste e-values has reached :data:`TASTE_E`: the model prefers some passages
+  consistently with the query, but what the query adds is a copy of what it prefers without it (a taste of its own,
+  or relevance that shows without the query) or does not go the first stage's way (a taste the query creates, a
+  reader of a list given worst first). No label-free rule tells these from reading; judged queries do.
+
 A rule that computes each query's own e-value (the query rule: :func:`.query_contrast.judge`) passes it to
 :meth:`Evidence.add`, and the "reads" side multiplies those instead of betting on the scores.
 
@@ -35,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 
 __all__ = ["LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS", "ALIGN_EFFECT",
-           "Evidence"]
+           "TASTE_E", "RELATED", "RELATED_E", "RELATED_BETS", "Evidence"]
 
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
@@ -61,6 +73,19 @@ FULL_PAIRS = 10
 #: The smallest mean alignment of a model worth calibrating (a content slope of about 0.1 per grade on the
 #: testbed's DL19 lists scores about .2): the evidence against it decides "does not read" too.
 ALIGN_EFFECT = 0.15
+#: "reads" also needs the model's query-free preference to account for less than this of its with-query one, on
+#: average over the queries (:func:`.query_contrast.relation`: near 1 for any copy of its own taste, scaled, sharpened
+#: non-linearly or per passage; .82 for the testbed's reader at s = .5 with a taste of SD .5) ...
+RELATED = 0.95
+#: ... shown by an e-process against "the mean relation is at least :data:`RELATED`" that reaches this: a model whose
+#: with-query preference is such a copy reaches it with probability at most ``1 / RELATED_E``, whatever the copy.
+RELATED_E = 10.0
+#: The betting fractions of that e-process (per unit of ``RELATED - relation``).
+RELATED_BETS = (0.5, 1.0, 2.0, 4.0)
+#: "cannot tell" also needs this much evidence that the model's with-query preferences are consistent (the product of
+#: the queries' taste e-values): a model whose preferences are slot effects and noise reaches it with probability at
+#: most ``1 / TASTE_E``, and is called "does not read" instead.
+TASTE_E = 20.0
 
 @dataclass
 class Evidence:
@@ -93,12 +118,17 @@ class Evidence:
     _not: list[float] = field(default_factory=list, repr=False)
     _against: list[float] = field(default_factory=list, repr=False)
     _along: list[float] = field(default_factory=lambda: [1.0] * len(ALIGN_LAMBDAS), repr=False)
+    _flat: list[float] = field(default_factory=list, repr=False)
+    _taste: float = field(default=1.0, repr=False)
+    _unrelated: list[float] = field(default_factory=lambda: [1.0] * len(RELATED_BETS), repr=False)
+    relations: list[float] = field(default_factory=list)  # the queries' relations (the taste gate)
+    tastes: list[float] = field(default_factory=list)  # the queries' with-query taste scores (three outcomes)
     verdict: str | None = None
 
     def __post_init__(self) -> None:
         if not self.lambdas or not all(0.0 < lam < 1.0 for lam in self.lambdas):
             raise ValueError(f"betting fractions must be in (0, 1), got {self.lambdas}")
-        for name in ("_reads", "_not", "_against"):
+        for name in ("_reads", "_not", "_against", "_flat"):
             if not getattr(self, name):
                 setattr(self, name, [1.0] * len(self.lambdas))
 
@@ -132,12 +162,32 @@ class Evidence:
         """The e-value against "the mean alignment is at least :data:`ALIGN_EFFECT`"."""
         return math.fsum(self._against) / len(self._against)
 
-    def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS, e: float | None = None
-            ) -> str | None:
+    @property
+    def for_flat(self) -> float:
+        """The e-value against "with the query, the model's preferences score at least :attr:`effect`" (``1 /
+        miss`` decides "does not read" where the rule reports tastes)."""
+        return math.fsum(self._flat) / len(self._flat)
+
+    @property
+    def for_taste(self) -> float:
+        """The e-value against "with the query, the model's preferences are slot effects and noise" (:data:`TASTE_E`
+        is needed for "cannot tell")."""
+        return self._taste
+
+    @property
+    def for_unrelated(self) -> float:
+        """The e-value against "the query-free preference accounts for :data:`RELATED` or more of the with-query one"
+        (:data:`RELATED_E` is needed for "reads" where the rule reports relations; infinite where it does not)."""
+        return math.fsum(self._unrelated) / len(self._unrelated) if self.relations else math.inf
+
+    def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS, e: float | None = None,
+            taste: float | None = None, e_taste: float | None = None, related: float | None = None) -> str | None:
         """Pool one query's score (and its :func:`~.contrast.alignment`, from a list of ``pairs`` slot pairs); the verdict
         once there is one (later scores are ignored). A rule that computes the query's own e-value against "no
         content signal" (mean at most 1 without it: :func:`.query_contrast.judge`) passes it as ``e``; the
-        "reads" side then multiplies by it instead of betting on the score."""
+        "reads" side then multiplies by it instead of betting on the score. A rule that also passes the with-query
+        ``taste`` (score) and ``e_taste`` (its e-value) gets three outcomes, and one that passes ``related`` (how much of
+        the with-query preference the query-free one accounts for) the taste gate on "reads" (module docstring)."""
         if self.verdict is not None:
             return self.verdict
         x = max(-1.0, min(1.0, float(score)))
@@ -154,10 +204,27 @@ class Evidence:
         self._reads = ([k * max(0.0, float(e)) for k in self._reads] if e is not None
                        else [k * (1.0 + bet * lam * x) for k, lam in zip(self._reads, self.lambdas)])
         self._not = [k * (1.0 + lam * scale * (self.effect - x)) for k, lam in zip(self._not, self.lambdas)]
-        if self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e:
+        if taste is not None:
+            t = max(-1.0, min(1.0, float(taste)))
+            self.tastes.append(t)
+            self._flat = [k * (1.0 + lam * scale * (self.effect - t)) for k, lam in zip(self._flat, self.lambdas)]
+            self._taste *= max(0.0, float(e_taste if e_taste is not None else 1.0))
+        if related is not None:
+            r = max(-1.0, min(1.0, float(related)))
+            self.relations.append(r)
+            cap = 0.95 / (1.0 - RELATED)  # keeps 1 + bet * (RELATED - r) > 0 for r <= 1
+            self._unrelated = [k * (1.0 + min(b, cap) * (RELATED - r)) for k, b in zip(self._unrelated, RELATED_BETS)]
+        refused = self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss
+        if (self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e
+                and self.for_unrelated >= RELATED_E):
             self.verdict = "reads"
-        elif self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss:
+        elif self.tastes and self.for_flat >= 1.0 / self.miss:
             self.verdict = "does not read"
-        elif self.queries >= self.cap:
+        elif self.tastes and refused:
+            if self.for_taste >= TASTE_E:
+                self.verdict = "cannot tell"
+        elif refused:
+            self.verdict = "does not read"
+        if self.verdict is None and self.queries >= self.cap:
             self.verdict = "undecided"
         return self.verdict

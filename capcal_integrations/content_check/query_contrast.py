@@ -40,6 +40,10 @@ every pair.
 * its **alignment** is ``sum(d_1 + ... + d_K) / sum |d_1 + ... + d_K|`` (not centred), positive when what the
   query adds goes the first stage's way.
 
+* its **taste** is the same score of the with-query estimates ``e_i`` alone, with their sign-flip e-value: whether,
+  with the query, the model prefers some passages consistently at all (the "does not read" / "cannot tell" split of
+  :class:`~.evidence.Evidence`).
+
 A :class:`~.contrast.Reading` of this rule holds ``4K`` vectors: the ``2K`` orders with the query, then the same
 orders query-free. Pure functions; the rule is registered in :mod:`.rules` (``guard="query"``).
 """
@@ -54,7 +58,7 @@ from . import contrast
 from .contrast import Reading, estimate, rotated_pair, share
 
 __all__ = ["THIRD_BELOW", "KAPPA", "SCALES", "reading_orders", "split", "estimate", "estimate_pairs", "differences",
-           "centred", "judge", "judge_scaled", "summary"]
+           "centred", "judge", "judge_scaled", "relation", "summary"]
 
 #: Lists of fewer slot pairs than this are read in a third pair of orders (twelve readings instead of eight): a
 #: short list's two estimates agree by chance too often to bet much on (mixed lengths 3-30 at s = 1: "reads"
@@ -67,7 +71,11 @@ KAPPA = 0.15
 #: what it prefers without it, only more (or less) sharply (``lambda`` times the query-free logit differences; the
 #: packaged 0.5B's consistent signal is 1.31 times larger with the query, the 1.5B's 1.67 times). A query's e-value
 #: is the least over these scales (:func:`judge_scaled`), so it is valid whatever the query's own scale in this range.
-SCALES = tuple(sorted({1.0, *(round(0.8 * 2.5 ** (k / 20), 4) for k in range(21))}))  # 0.8 ... 2.0, geometric, and 1
+#: Down to 0.5 (a dampened copy costs a reader nothing); not above 2: subtracting a larger multiple of the noisy
+#: query-free estimates drowns a reader's signal (a range up to 3 or 4 leaves readers at s = .5 "reads" within 24
+#: queries in 50-90 % of runs: ``benchmarks/null_suite.py``), and a sharper copy than 2x is left to the taste gate
+#: (:func:`relation`).
+SCALES = tuple(sorted({1.0, *(round(0.5 * 4.0 ** (k / 20), 4) for k in range(21))}))  # 0.5 ... 2.0, geometric, and 1
 
 
 def reading_orders(n: int) -> list[list[int]]:
@@ -226,16 +234,47 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
     return score, aligned, pairs_, best_e
 
 
-def summary(reading: Reading) -> tuple[float, float, int, float]:
-    """``(score, alignment, pairs, e)`` of what the query adds, as :meth:`~.evidence.Evidence.add` takes them.
+def relation(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]) -> float:
+    """How much of the model's with-query preference its query-free preference accounts for: the correlation over the
+    list's passage pairs of the two (centred), from products of **different** pairs of orders only, so that each
+    reading's own noise drops out of every term (``sum_{i != j} <e_i, f_j> / sqrt(sum <e_i, e_j> sum <f_i, f_j>)``),
+    in [-1, 1]; 0 where either preference shows no signal. Near 1 for a model whose with-query preference is any
+    copy of its query-free one (scaled, sharpened non-linearly, scaled per passage); a reader's is lower by what
+    relevance adds (the testbed's reader at s = .5 with a taste of SD .5: .82 on average; a plain reader: 0).
 
-    A preference the query does not change counts for nothing; one it creates does:
+    >>> own, rel = [1.0, -2.0, 0.5, 3.0, -1.5], [2.0, 0.0, -1.0, 1.0, -2.0]
+    >>> round(relation([[2 * x for x in own]] * 2, [own] * 2), 3), round(relation([rel] * 2, [own] * 2), 3)
+    (1.0, 0.587)
+    """
+    ce, cf = [centred(list(e)) for e in es], [centred(list(f)) for f in fs]
+    pairs = list(itertools.combinations(range(len(ce)), 2))
+
+    def dot(x: Sequence[float], y: Sequence[float]) -> float:
+        return math.fsum(u * v for u, v in zip(x, y))
+
+    ee = math.fsum(dot(ce[i], ce[j]) for i, j in pairs)
+    ff = math.fsum(dot(cf[i], cf[j]) for i, j in pairs)
+    ef = math.fsum(dot(ce[i], cf[j]) + dot(ce[j], cf[i]) for i, j in pairs) / 2
+    if not (ee > 0 and ff > 0) or not math.isfinite(ee * ff):
+        return 0.0
+    return max(-1.0, min(1.0, ef / math.sqrt(ee * ff)))
+
+
+def summary(reading: Reading) -> tuple[float, float, int, float, float, float, float]:
+    """``(score, alignment, pairs, e, taste, e_taste, related)``, as :meth:`~.evidence.Evidence.add` takes them: what
+    the query adds (:func:`judge_scaled`), the with-query estimates' own agreement and sign-flip e-value (:func:`judge`
+    of ``e_i``: does the model prefer some passages consistently with the query, whatever the reason), and how much of
+    that its query-free preference accounts for (:func:`relation`).
+
+    A preference the query does not change counts for nothing (though it is a taste); one it creates does:
 
     >>> b, own, rel = [1.0, 0.0, 0.5, -1.0, 0.2, 0.3], [0.3, -0.2, 0.1, 0.4, 0.0, 0.1], [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     >>> read = lambda c: [tuple(b[j] + c[o[j]] for j in range(6)) for o in reading_orders(6)]
     >>> [round(x, 3) for x in summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))]
-    [1.0, 0.96, 3, 2.101]
-    >>> summary(Reading((*read(own), *read(own))))
-    (0.0, 0.0, 3, 1.0)
+    [1.0, 0.902, 3, 2.101, 1.0, 2.101, 0.901]
+    >>> [round(x, 3) for x in summary(Reading((*read(own), *read(own))))]
+    [0.0, 0.0, 3, 1.0, 1.0, 2.101, 1.0]
     """
-    return judge_scaled(*estimate_pairs(reading))
+    es, fs = estimate_pairs(reading)
+    taste, _, _, e_taste = judge(es)
+    return (*judge_scaled(es, fs), taste, e_taste, relation(es, fs))

@@ -73,15 +73,16 @@ class ContentRule:
 #: below ten slot pairs: :func:`~.query_contrast.reading_orders`) with the query and again with it replaced by a
 #: placeholder, and a sequential test over queries on what the query adds, centred over the list's pairs, each
 #: query's e-value from the signs of its estimates (:mod:`.query_contrast`): a model's preferences of its own, the
-#: same whatever the query, cancel, and so does a query effect alike in every pair (false "reads" at most 1 % at
-#: any number of looks). ``"content"``: the four orders with the query
+#: same whatever the query, cancel, and so does a query effect alike in every pair. Three outcomes: "reads", "does
+#: not read", "cannot tell" (docs/content-check.md: each one's guarantee and its conditions). ``"content"``: the
+#: four orders with the query
 #: only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a model's own preferences
 #: that also delays a reader (``benchmarks/results/tradeoff.md``).
 RULES: dict[str, ContentRule] = {
     "query": ContentRule("query", query_contrast.reading_orders, query_contrast.summary,
                          lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS,
                                               bet_pairs=QUERY_BET_PAIRS),
-                         alpha_of_readings, query_free=True, key="query-flips"),
+                         alpha_of_readings, query_free=True, key="query-three"),
     "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
 }
 #: The rule of ``guard``'s default (docs/content-check.md: why the query-free contrast).
