@@ -58,7 +58,7 @@ from . import contrast
 from .contrast import Reading, estimate, rotated_pair, share
 
 __all__ = ["THIRD_BELOW", "KAPPA", "SCALES", "reading_orders", "split", "estimate", "estimate_pairs", "differences",
-           "centred", "judge", "judge_scaled", "relation", "summary"]
+           "centred", "judge", "judge_scaled", "relation", "summary", "facts"]
 
 #: Lists of fewer slot pairs than this are read in a third pair of orders (twelve readings instead of eight): a
 #: short list's two estimates agree by chance too often to bet much on (mixed lengths 3-30 at s = 1: "reads"
@@ -275,6 +275,11 @@ def summary(reading: Reading) -> tuple[float, float, int, float, float, float, f
     >>> [round(x, 3) for x in summary(Reading((*read(own), *read(own))))]
     [0.0, 0.0, 3, 1.0, 1.0, 2.101, 1.0]
     """
-    es, fs = estimate_pairs(reading)
+    return facts(*estimate_pairs(reading))
+
+
+def facts(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]
+          ) -> tuple[float, float, int, float, float, float, float]:
+    """:func:`summary` from the estimates with the query (``es``) and without it (``fs``)."""
     taste, _, _, e_taste = judge(es)
     return (*judge_scaled(es, fs), taste, e_taste, relation(es, fs))
