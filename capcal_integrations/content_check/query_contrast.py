@@ -223,7 +223,7 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
     i = min(range(len(grid)), key=values.__getitem__)
     best, best_e = grid[i], values[i]
     lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-    for _ in range(30):  # golden-section search of the least e-value between the best point's neighbours
+    for _ in range(16):  # golden-section search of the least e-value between the best point's neighbours (to 1e-4)
         a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
         fa, fb = e_at(a), e_at(b)
         for x, fx in ((a, fa), (b, fb)):
