@@ -51,7 +51,9 @@ __all__ = ["LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDA
 
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
-#: False "reads" (a model without content signal called a reader) at most this, at any number of looks.
+#: False "reads" at most this, at any number of looks, for a model whose per-query e-values have mean at most 1
+#: without content (the query rule's: a with-query preference that is its query-free one scaled by 0.5-2, plus
+#: symmetric noise; docs/content-check.md states each outcome's guarantee and its conditions).
 LEVEL = 0.01
 #: False "does not read" for a model whose queries score at least :data:`EFFECT`, at most this.
 MISS = 0.05

@@ -14,7 +14,7 @@ A rule is four things (:class:`ContentRule`), and the engine asks nothing else o
 * ``summary(reading)``: what one query contributes, ``(score, alignment, slot pairs)``, and optionally its own
   e-value against "no content signal" (the query rule's: :func:`~.query_contrast.judge`);
 * ``evidence(cap)``: a fresh sequential test that pools the queries' summaries into a verdict
-  (``"reads"``, ``"does not read"``, ``"undecided"`` at the cap; :class:`~.evidence.Evidence`);
+  (``"reads"``, ``"does not read"``, ``"cannot tell"``, ``"undecided"`` at the cap; :class:`~.evidence.Evidence`);
 * ``strength(readings, form=..., first_only=...)``: the ``alpha`` to calibrate with once it reads (label-free:
   :mod:`.strength`, the one choice of alpha, which :func:`~.tuning.choose_alpha` uses too).
 
@@ -59,7 +59,7 @@ class ContentRule:
 
     name: str
     orders: Callable[[int], Sequence[list[int]]]
-    summary: Callable[[Reading], tuple[float, float, int] | tuple[float, float, int, float]]
+    summary: Callable[[Reading], tuple[Any, ...]]  # what Evidence.add takes: (score, alignment, pairs[, e, ...])
     evidence: Callable[[int], Evidence]
     strength: Callable[..., tuple[float, dict[float, float]]]
     min_passages: int = MIN_PASSAGES
