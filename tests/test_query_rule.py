@@ -4,6 +4,7 @@ library on the fake and simulated endpoints."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -17,6 +18,7 @@ from capcal_integrations.content_check.query_contrast import (
     judge,
     judge_scaled,
     reading_orders,
+    relation,
     split,
     summary,
 )
@@ -238,3 +240,63 @@ def test_the_least_e_value_over_the_scales_has_mean_at_most_one_at_any_scale_in_
                      for signs in itertools.product((1, -1), repeat=2)]
             mean = sum(judge_scaled(es, fs)[3] for es in es_of) / len(es_of)
             assert mean <= 1.0 + 1e-9, (scale, mean)
+
+
+def copied(model, with_query, free, k):
+    """One query's readings from a model whose content with the query is ``with_query`` and without it ``free``
+    (per passage, in the given order)."""
+    n = len(free)
+    keys = [f"p{k}-{i}" for i in range(n)]
+
+    def read(values, tag):
+        return [tuple(model.logits([values[i] for i in o], f"q{k} {tag} {r}", [keys[i] for i in o]))
+                for r, o in enumerate(reading_orders(n))]
+
+    return Reading((*read(with_query, "with"), *read(free, "free")))
+
+
+COPIES = {  # issue 48's nulls: with the query, a copy of the query-free taste that no scale in 0.8-2 fits
+    "sharpened non-linearly": lambda t, rng: math.copysign(abs(t) ** 1.5, t),
+    "scaled per passage": lambda t, rng: 1.3 * math.exp(0.3 * rng.gauss(0.0, 1.0)) * t,
+    "sharpened 2.5x": lambda t, rng: 2.5 * t,
+}
+
+
+@pytest.mark.parametrize("copy", sorted(COPIES))
+def test_any_copy_of_the_models_own_taste_never_reads_and_says_it_cannot_tell(copy):
+    """Issue 48, finding 1: with the query, a copy of the model's own taste that is no scaled copy in the rule's range
+    (sharpened non-linearly, scaled per passage, sharpened past 2x) passed the rule before as reading (70-98 % false
+    "reads" at own SD 1). The taste gate (``relation``: the query-free taste accounts for all of it) keeps "reads" out,
+    and the model, which does prefer some passages consistently, is "cannot tell" or undecided at the cap (the
+    evidence against reading grows slowly where what the query adds agrees from pair to pair), never "does not read":
+    only labels tell such a taste from relevance."""
+    model = SCENARIOS["no-delta"].replace(s=1.0, seed=48)
+    rng = random.Random(copy)
+    verdicts = []
+    for run in range(3):
+        owns = [[rng.gauss(0.0, 1.0) for _ in g] for g in GRADES]
+        readings = [copied(model, [COPIES[copy](t, rng) for t in own], own, 100 * run + k) for k, own in enumerate(owns)]
+        verdicts.append(decided([summary(r) for r in readings]).verdict)
+    assert all(v in ("cannot tell", "undecided") for v in verdicts), verdicts
+
+
+def test_a_reader_whose_passages_look_relevant_without_the_query_is_never_called_a_non_reader():
+    """Issue 48, finding 2: the query-free prompt still shows half the relevance (passages that look relevant whatever
+    the query). The rule before said "does not read" in every run; now "cannot tell" (a copy of what it prefers
+    without the query: only labels tell), while a model with no preference at all "does not read"."""
+    model = SCENARIOS["no-delta"].replace(s=1.0, seed=7)
+    half = [copied(model, [float(g) for g in grades], [0.5 * g for g in grades], k) for k, grades in enumerate(GRADES)]
+    flat = [copied(model, [0.0] * len(grades), [0.0] * len(grades), k) for k, grades in enumerate(GRADES)]
+    assert decided([summary(r) for r in half]).verdict == "cannot tell"
+    assert decided([summary(r) for r in flat]).verdict == "does not read"
+
+
+def test_relation_is_one_for_a_copy_and_lower_for_relevance_on_top():
+    """``relation`` uses products of different pairs of orders only: each reading's own noise drops out."""
+    rng = random.Random(3)
+    own = [rng.gauss(0.0, 1.0) for _ in range(10)]
+    rel = [rng.gauss(0.0, 1.0) for _ in range(10)]
+    noisy = lambda xs: [[x + rng.gauss(0.0, 0.05) for x in xs] for _ in range(2)]  # noqa: E731
+    assert relation(noisy([2.0 * t for t in own]), noisy(own)) > 0.99
+    assert relation(noisy([t + r for t, r in zip(own, rel)]), noisy(own)) < 0.9
+    assert relation(noisy(rel), [[0.0] * 10] * 2) == 0.0  # no query-free preference: nothing to copy

@@ -118,7 +118,8 @@ class ContentCheck:
                     "judged queries decide (reranker.decide(judged), capcal decide; guard=None calibrates anyway)")
         elif d.verdict == "undecided":
             note = (f"{about}: undecided at the cap, treated as not reading; kept in its given order (a larger "
-                    "check_lists reads on; guard=None calibrates anyway)")
+                    "check_lists reads on; judged queries decide: reranker.decide(judged); guard=None calibrates "
+                    "anyway)")
         else:
             note = (f"{about}: no content signal beyond the slot effects; kept in its given order (guard=None "
                     "calibrates anyway)")
