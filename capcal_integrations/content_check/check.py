@@ -143,6 +143,8 @@ class ContentCheck:
         if len(texts) < self.rule.min_passages:
             return None
         ident = query_identity(query)
+        if self.store is not None:  # as the store keeps it (hashed under its folder's key): compared with its readings
+            ident = self.store.keyed(ident)
         return ident if self.decision is None and self.attempts.want(ident, exclusive) else None
 
     def release(self, ident: str = "") -> None:
