@@ -388,3 +388,36 @@ def test_forget_takes_whole_ids_or_a_unique_prefix(capsys):
     capsys.readouterr()
     assert main(["status"]) == 0
     assert "sha256:1" in capsys.readouterr().out  # status shows the weights
+
+
+# --------------------------------------------------------------------------- decisions kept in memory by their cost
+
+
+def test_a_decision_from_labels_survives_more_than_16_option_sets():
+    """Finding 5: with more than 16 option sets in one process, finished decisions were evicted first: a decision
+    from 12 judged queries on an endpoint that reports no weights (nothing on disk) was gone, and the options
+    started deciding again."""
+    from tests.test_decisions import idle
+
+    data = lists(16)
+    served = Served(data, model_path="")  # no weights reported: the decision is kept in memory alone
+    rr = served.reranker()
+    decision = rr.decide(data[:12])
+    assert decision.judged == 12 and not Store().entries()
+    for k in range(20):
+        rr.with_options(placeholder=f"nothing {k}").rerank(*data[k % 16][:2])
+    idle(rr, 60)
+    assert len(rr._state.content) <= 16
+    assert rr.content_decision() == decision  # still there: never evicted before an undecided check
+
+
+def test_a_reloaded_decision_warns_once_per_process(caplog):
+    """Finding 5: where decisions are on disk they reloaded with their WARNING again (149 of 311 WARNINGs in the
+    soak). One WARNING per decision (key and verdict) and process."""
+    data = lists(16)
+    _, key, _ = _checked_once(data)
+    Store().save(a_decision(key=key, reads=False, verdict="does not read"))
+    with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
+        for k in range(3):  # three endpoint states in one process: each loads the decision
+            Served(data).reranker().rerank(*data[k][:2])
+    assert len([r for r in caplog.records if "keeps the given order of every list" in r.getMessage()]) == 1
