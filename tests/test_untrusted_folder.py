@@ -326,6 +326,39 @@ def test_a_folder_that_cannot_be_written_warns_once_per_process(caplog, monkeypa
     assert len([r for r in caplog.records if "Read-only" in r.getMessage()]) == 1
 
 
+# --------------------------------------------------------------------------- decisions kept in memory by their cost
+
+
+def test_a_decision_from_labels_survives_more_than_16_option_sets():
+    """Finding 5: with more than 16 option sets in one process, finished decisions were evicted first: a decision
+    from 12 judged queries on an endpoint that reports no weights (nothing on disk) was gone, and the options
+    started deciding again."""
+    from tests.test_decisions import idle
+
+    data = lists(16)
+    served = Served(data, model_path="")  # no weights reported: the decision is kept in memory alone
+    rr = served.reranker()
+    decision = rr.decide(data[:12])
+    assert decision.judged == 12 and not Store().entries()
+    for k in range(20):
+        rr.with_options(placeholder=f"nothing {k}").rerank(*data[k % 16][:2])
+    idle(rr, 60)
+    assert len(rr._state.content) <= 16
+    assert rr.content_decision() == decision  # still there: never evicted before an undecided check
+
+
+def test_a_reloaded_decision_warns_once_per_process(caplog):
+    """Finding 5: where decisions are on disk they reloaded with their WARNING again (149 of 311 WARNINGs in the
+    soak). One WARNING per decision (key and verdict) and process."""
+    data = lists(16)
+    _, key, _ = _checked_once(data)
+    Store().save(a_decision(key=key, reads=False, verdict="does not read"))
+    with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
+        for k in range(3):  # three endpoint states in one process: each loads the decision
+            Served(data).reranker().rerank(*data[k][:2])
+    assert len([r for r in caplog.records if "keeps the given order of every list" in r.getMessage()]) == 1
+
+
 # --------------------------------------------------------------------------- the rest of finding 6
 
 
@@ -390,34 +423,54 @@ def test_forget_takes_whole_ids_or_a_unique_prefix(capsys):
     assert "sha256:1" in capsys.readouterr().out  # status shows the weights
 
 
-# --------------------------------------------------------------------------- decisions kept in memory by their cost
+def test_a_query_string_is_redacted_in_the_librarys_log_lines_and_refused_in_base_url():
+    """Finding 6: a key in the URL's query string showed in httpx's INFO lines and broke the path."""
+    from capcal_integrations import CapCalReranker
+    from capcal_integrations.redaction import RedactingFilter
+
+    record = logging.LogRecord("httpx", logging.INFO, __file__, 1, 'HTTP Request: POST %s "HTTP/1.1 200 OK"',
+                               ("http://h:8000/v1/completions?k=sk-unnamed-secret",), None)
+    RedactingFilter().filter(record)
+    assert "sk-unnamed-secret" not in record.getMessage() and "/v1/completions?***" in record.getMessage()
+    with pytest.raises(InputError, match="query string") as refused:
+        CapCalReranker(base_url="http://h:8000/v1?k=sk-unnamed-secret")
+    assert "sk-unnamed-secret" not in str(refused.value)
 
 
-def test_a_decision_from_labels_survives_more_than_16_option_sets():
-    """Finding 5: with more than 16 option sets in one process, finished decisions were evicted first: a decision
-    from 12 judged queries on an endpoint that reports no weights (nothing on disk) was gone, and the options
-    started deciding again."""
-    from tests.test_decisions import idle
-
-    data = lists(16)
-    served = Served(data, model_path="")  # no weights reported: the decision is kept in memory alone
-    rr = served.reranker()
-    decision = rr.decide(data[:12])
-    assert decision.judged == 12 and not Store().entries()
-    for k in range(20):
-        rr.with_options(placeholder=f"nothing {k}").rerank(*data[k % 16][:2])
-    idle(rr, 60)
-    assert len(rr._state.content) <= 16
-    assert rr.content_decision() == decision  # still there: never evicted before an undecided check
+def test_a_lone_surrogate_in_a_passage_is_the_users_input_error():
+    """Finding 6: a lone surrogate in a passage was reported as the endpoint's fault."""
+    data = lists(4)
+    rr = Served(data).reranker()
+    with pytest.raises(InputError, match=r"passages\[1\].*lone surrogate"):
+        rr.rerank("fleas", ["a passage", "bytes \udcff decoded with surrogateescape", "another"])
 
 
-def test_a_reloaded_decision_warns_once_per_process(caplog):
-    """Finding 5: where decisions are on disk they reloaded with their WARNING again (149 of 311 WARNINGs in the
-    soak). One WARNING per decision (key and verdict) and process."""
-    data = lists(16)
-    _, key, _ = _checked_once(data)
-    Store().save(a_decision(key=key, reads=False, verdict="does not read"))
-    with caplog.at_level(logging.WARNING, logger="capcal_integrations"):
-        for k in range(3):  # three endpoint states in one process: each loads the decision
-            Served(data).reranker().rerank(*data[k][:2])
-    assert len([r for r in caplog.records if "keeps the given order of every list" in r.getMessage()]) == 1
+def test_the_adapters_empty_inputs_are_typed_errors():
+    """Finding 6: LlamaIndex ``postprocess_nodes`` without a query raised a bare ValueError; LangChain
+    ``compress_documents(None, q)`` returned ``[]``."""
+    from capcal_integrations import CapCalReranker
+
+    found = 0
+    try:
+        from llama_index.core.schema import NodeWithScore, TextNode
+
+        import llamaindex_ext
+
+        adapter = llamaindex_ext.CapCalRerank(reranker=CapCalReranker(base_url="http://127.0.0.1:9/v1"), top_n=2)
+        with pytest.raises(InputError, match="needs the query"):
+            adapter.postprocess_nodes([NodeWithScore(node=TextNode(text="a")), NodeWithScore(node=TextNode(text="b"))])
+        found += 1
+    except ImportError:
+        pass
+    try:
+        import langchain_ext
+
+        adapter = langchain_ext.CapCalRerank(reranker=CapCalReranker(base_url="http://127.0.0.1:9/v1"), top_n=2)
+        with pytest.raises(InputError, match="must be a list of Documents"):
+            adapter.compress_documents(None, "fleas")
+        assert adapter.compress_documents([], "fleas") == []
+        found += 1
+    except ImportError:
+        pass
+    if not found:
+        pytest.skip("neither framework is installed")
