@@ -5,7 +5,9 @@ A URL may carry a secret in its user-info (``http://user:secret@host``) or in a 
 a dict's or a dataclass's rendering in an ``api_key`` field; a command line after ``--api-key``.
 :func:`redact` replaces each with ``***`` in text, :func:`redact_url` in a URL, :func:`redact_value` in
 a dumped structure (``model_dump``, ``to_dict``); :class:`RedactingFilter` does it to every record of a
-logger (the CLI installs it, so ``-v``'s request lines never show a password).
+logger, and hides every URL's whole query string (:func:`redact_queries`: a key under a name no list foresees,
+``?k=sk-...``, shows in httpx's request lines otherwise); the CLI installs it, so ``-v``'s request lines never
+show a password.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import re
 from collections.abc import Sequence
 
-__all__ = ["redact", "redact_url", "redact_value", "redact_argv", "RedactingFilter"]
+__all__ = ["redact", "redact_url", "redact_value", "redact_argv", "redact_queries", "RedactingFilter"]
 
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s?#]+)@")
 _SECRET_NAMES = (r"api[_-]?key|apikey|key|token|access[_-]?token|refresh[_-]?token|id[_-]?token|auth|authorization"
@@ -31,6 +33,8 @@ _FIELD_NAMES = (r"[a-z_]*(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token|r
 _FIELD_SECRET = re.compile(rf"(?P<key>(?P<q>['\"]?)\b(?:{_FIELD_NAMES})(?P=q)\s*[:=]\s*)"
                            rf"(?P<v>'[^']*'|\"[^\"]*\"|b'[^']*')", re.I)
 _SECRET_FLAGS = ("--api-key", "--token", "--password")
+#: a URL's query string (after ``?``, up to a fragment, a space or a quote)
+_URL_QUERY = re.compile(r"(?P<url>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#'\"<>]+)\?(?!\*\*\*)[^\s#'\"<>]+")
 
 
 def _field(m: re.Match[str]) -> str:
@@ -119,12 +123,22 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def redact_queries(text: str) -> str:
+    """``text`` with the query string of every URL in it replaced by ``***`` (whatever its parameters are named).
+
+    >>> redact_queries('HTTP Request: POST http://h:8000/v1/completions?k=sk-1&x=2 "HTTP/1.1 200 OK"')
+    'HTTP Request: POST http://h:8000/v1/completions?*** "HTTP/1.1 200 OK"'
+    """
+    return _URL_QUERY.sub(lambda m: m["url"] + "?***", text)
+
+
 class RedactingFilter(logging.Filter):
-    """A logging filter that renders each record's message and :func:`redact`-s it."""
+    """A logging filter that renders each record's message, :func:`redact`-s it and hides its URLs' query strings
+    (:func:`redact_queries`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact(message)
+        clean = redact_queries(redact(message))
         if clean != message:
             record.msg, record.args = clean, None
         return True

@@ -53,7 +53,7 @@ try:
 except ImportError as err:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
-from capcal_integrations import CapCalReranker, Ranking
+from capcal_integrations import CapCalReranker, InputError, Ranking
 from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]
@@ -73,15 +73,16 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        """Rerank ``documents`` for ``query``; the best ``top_n`` as new documents."""
-        if not documents:
+        """Rerank ``documents`` for ``query``; the best ``top_n`` as new documents (``[]`` for ``[]``; an
+        :class:`~capcal_integrations.InputError` for ``None``, which is no list of documents)."""
+        if not _documents(documents):
             return []
         return self.as_runnable().invoke({"query": query, "documents": documents}, config={"callbacks": callbacks})
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
         """Async :meth:`compress_documents`, through the core's async driver."""
-        if not documents:
+        if not _documents(documents):
             return []
         return await self.as_runnable().ainvoke({"query": query, "documents": documents},
                                                 config={"callbacks": callbacks})
@@ -93,7 +94,7 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
         >>> #                                                                   documents_key="context"))
         """
         def rerank(inputs: dict[str, Any], run_manager: CallbackManagerForChainRun) -> list[Document]:
-            documents = list(inputs[documents_key])
+            documents = list(_documents(inputs[documents_key]))
             if not documents:
                 return []
             reranker, query = self.reranker, inputs[query_key]
@@ -111,7 +112,7 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
             return self._finish(documents, ranking)
 
         async def arerank(inputs: dict[str, Any], run_manager: AsyncCallbackManagerForChainRun) -> list[Document]:
-            documents = list(inputs[documents_key])
+            documents = list(_documents(inputs[documents_key]))
             if not documents:
                 return []
             reranker, query = self.reranker, inputs[query_key]
@@ -175,3 +176,9 @@ def _usage_result(ranking: Ranking, reranker: CapCalReranker, seconds: float) ->
         "model_name": reranker.model or "", "capcal": summary})
 
 
+def _documents(documents: Any) -> Sequence[Document]:
+    """``documents`` if they are a list of documents (empty included); an :class:`InputError` for ``None`` (it
+    returned ``[]``, as if the retriever had found nothing) or a lone string or document."""
+    if documents is None or isinstance(documents, (str, bytes, Document)):
+        raise InputError(f"documents must be a list of Documents, got {type(documents).__name__}")
+    return documents

@@ -49,7 +49,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
         'llamaindex_ext needs LlamaIndex: pip install "capcal-integrations[llamaindex]"'
     ) from err
 
-from capcal_integrations import CapCalReranker, Ranking
+from capcal_integrations import CapCalReranker, InputError, Ranking
 from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
@@ -124,7 +124,7 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
 
 def _query_of(query_bundle: QueryBundle | None) -> str:
     if query_bundle is None:
-        raise ValueError("CapCalRerank needs the query: call postprocess_nodes(nodes, query_str=...) "
+        raise InputError("CapCalRerank needs the query: call postprocess_nodes(nodes, query_str=...) "
                          "or pass query_bundle=QueryBundle(...)")
     return query_bundle.query_str
 

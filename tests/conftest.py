@@ -117,3 +117,8 @@ def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     for name in ("CAPCAL_BASE_URL", "CAPCAL_API_KEY", "CAPCAL_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CAPCAL_DECISIONS_DIR", str(tmp_path_factory.mktemp("decisions")))
+    from capcal_integrations.content_check import check, saved_folder
+
+    # what is said once per process (a decision's WARNING, a folder's problem) is said once per test
+    monkeypatch.setattr(check, "_announced", set())
+    monkeypatch.setattr(saved_folder, "_said", set())

@@ -163,7 +163,7 @@ def test_forget_by_id_prefix_model_or_all(tmp_path):
     a, b = a_decision(), a_decision(key=(("model", "n"), ("weights", "sha256:1")))
     store.save(a)
     store.save(b)
-    [gone] = store.forget(key_id(a.key)[:6])
+    [gone] = store.forget(key_id(a.key)[:8])
     assert gone.decision == a and store.load(a.key) is None and store.load(b.key) == b
     with pytest.raises(InputError, match="no saved content decision"):
         store.forget("ffffffffff")
@@ -239,15 +239,15 @@ def test_processes_reading_at_once_keep_each_query_once():
     b.rerank(*data[2][:2])
     a.rerank(*data[2][:2])  # the same query in both processes
     [progress] = Store().progress()
-    assert sorted(progress.read) == sorted({content_check.query_identity(data[k][0]) for k in range(3)})
+    assert sorted(progress.read) == sorted({Store().keyed(content_check.query_identity(data[k][0])) for k in range(3)})
     assert len(progress.read) == 3  # each query once, whichever process read it
 
 
 @pytest.mark.parametrize("text, problem", [
     ("{ torn", "Expecting"),
-    (json.dumps({"capcal_check_readings": 1, "key": {"model": "m"}, "readings": [{"query": "x", "slots": []}]}),
+    (json.dumps({"capcal_check_readings": 2, "key": {"model": "m"}, "readings": [{"query": "x", "slots": []}]}),
      "identity"),
-    (json.dumps({"capcal_check_readings": 1, "key": {"model": "m"}, "readings": [
+    (json.dumps({"capcal_check_readings": 2, "key": {"model": "m"}, "readings": [
         {"query": "a" * 64, "slots": [["1e999"]]}]}), "finite numbers"),
 ])
 def test_a_corrupt_readings_file_is_ignored_with_one_warning_and_the_check_reads_afresh(text, problem, caplog):
@@ -282,7 +282,7 @@ def test_capcal_status_shows_saved_decisions_and_checks_in_progress(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert sorted(r["source"] for r in rows) == ["check in progress", "rule 'query'"]
     [progress] = Store().progress()
-    assert main(["decisions", "forget", progress.id[:6]]) == 0 and Store().progress() == []
+    assert main(["decisions", "forget", progress.id[:8]]) == 0 and Store().progress() == []
     assert "forgot" in capsys.readouterr().out and len(Store().entries()) == 1
 
 
@@ -419,7 +419,7 @@ def test_capcal_decisions_lists_and_forgets(capsys):
     assert main(["decisions", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["verdict"] for r in rows} == {"reads", "undecided"} and all(r["saved_at"] for r in rows)
-    assert main(["decisions", "forget", key_id(b.key)[:5]]) == 0
+    assert main(["decisions", "forget", key_id(b.key)[:8]]) == 0
     assert "forgot" in capsys.readouterr().out and store.load(b.key) is None and store.load(a.key) == a
     assert main(["decisions", "forget", "nothing-like-it"]) == 1
     assert "no saved content decision" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 def _failing(status: int) -> CapCalReranker:
     http = httpx2.Client(transport=httpx2.MockTransport(lambda r: httpx2.Response(status, json={"error": "no"})))
-    return CapCalReranker(base_url="http://user:pw@fake.test/v1?api_key=secret", http_client=http, max_retries=0)
+    return CapCalReranker(base_url="http://user:pw@fake.test/v1", http_client=http, max_retries=0)
 
 
 def test_capcal_key_prints_the_key_of_your_capcal_serve_alone_on_stdout(monkeypatch, capsys):

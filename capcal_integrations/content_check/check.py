@@ -44,7 +44,7 @@ from typing import Any
 
 from .attempts import Attempts, Pending
 from .contrast import MIN_PASSAGES, Reading
-from .decision import KEY_OPTIONS, ContentDecision, Key, decision_key, load_decision
+from .decision import KEY_OPTIONS, ContentDecision, Key, decision_key, key_id, load_decision
 from .evidence import CAP, EFFECT, LEVEL, MISS
 from .rules import DEFAULT_RULE, RULES, ContentRule
 
@@ -53,6 +53,8 @@ __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "Key
            "ContentCheck", "Pending", "decision_key", "load_decision", "announce"]
 
 log = logging.getLogger("capcal_integrations")
+_announced: set[str] = set()  # key_id + verdict of the decisions said at WARNING (once per process: announce)
+_announced_lock = threading.Lock()
 
 
 def query_identity(query: str) -> str:
@@ -150,6 +152,8 @@ class ContentCheck:
         if len(texts) < self.rule.min_passages:
             return None
         ident = query_identity(query)
+        if self.store is not None:  # as the store keeps it (hashed under its folder's key): compared with its readings
+            ident = self.store.keyed(ident)
         return ident if self.decision is None and self.attempts.want(ident, exclusive) else None
 
     def release(self, ident: str = "") -> None:
@@ -270,12 +274,21 @@ class ContentCheck:
 
 def announce(decision: ContentDecision, loud: bool = False) -> None:
     """One log line per decision: a WARNING when the reranker is a pass-through for this model, or when lists were
-    kept while deciding and said so (``loud``: the user who saw that warning sees the decision too); else INFO."""
+    kept while deciding and said so (``loud``: the user who saw that warning sees the decision too); else INFO. A
+    WARNING once per decision (key and verdict) and process: a check made again (evicted, another reranker) that
+    reloads it says it at INFO."""
+    said = f"{key_id(decision.key)} {decision.verdict}"
+    loud = loud or not decision.reads  # a pass-through is worth a WARNING: once per decision and process
+    with _announced_lock:
+        loud = loud and said not in _announced
+        if loud:
+            _announced.add(said)
     if decision.reads:
         log.log(logging.WARNING if loud else logging.INFO, "capcal: %s; lists are calibrated from now on", decision)
     else:
         then = ("only judged queries can tell: reranker.decide(judged) or `capcal decide` decides from them"
                 if decision.verdict == "cannot tell" else
                 "with judged queries reranker.decide(judged) decides from them")
-        log.warning("capcal: %s. The reranker keeps the given order of every list for this model and these options "
-                    "(the retriever's, with its scores); %s, guard=None calibrates anyway.", decision, then)
+        log.log(logging.WARNING if loud else logging.INFO, "capcal: %s. The reranker keeps the given order of every "
+                "list for this model and these options (the retriever's, with its scores); %s, guard=None calibrates "
+                "anyway.", decision, then)

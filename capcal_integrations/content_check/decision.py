@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -141,6 +142,8 @@ class ContentDecision:
         what = "cannot read the saved content decision"
         try:
             values = json.loads(text)
+        except RecursionError:
+            raise InputError(f"{what}: nested too deeply to be a decision") from None
         except ValueError as err:
             raise InputError(f"{what}: not JSON ({err}); pass the JSON of ContentDecision.to_json() or a file "
                              "holding it") from None
@@ -153,7 +156,49 @@ class ContentDecision:
                              "; pass the JSON of ContentDecision.to_json() or a file holding it")
         if isinstance(values.get("key"), dict):
             values["key"] = list(values["key"].items())
-        return cls(**fields_of(cls, values, what, skip=("saved",)), saved=True)
+        fields = fields_of(cls, values, what, skip=("saved",))
+        problem = out_of_range(fields)
+        if problem:
+            raise InputError(f"{what}: {problem}")
+        return cls(**fields, saved=True)
+
+
+#: The verdicts a decision may hold.
+VERDICTS = ("reads", "does not read", "undecided")
+
+
+def out_of_range(values: dict[str, Any]) -> str:
+    """Why a decision's typed fields (:func:`~.typed_json.fields_of`'s) cannot be a decision this library took
+    (``""`` if they can): ``alpha`` and ``alpha_first_token`` finite and >= 0 (the bounds of the ``alpha`` option,
+    :class:`~.options.Options`), the curve's points finite, probabilities in [0, 1], evidence >= 0, a verdict this
+    library says, agreeing with ``reads``. An ``"alpha": Infinity`` in a file would otherwise fail every ranking
+    naming an option the user never set.
+
+    >>> out_of_range({"alpha": float("inf")})
+    "'alpha' must be a finite number >= 0 (the alpha option's bounds), got inf"
+    >>> bool(out_of_range({"alpha": -50.0})), out_of_range({"alpha": 1.0, "reads": True, "verdict": "reads"})
+    (True, '')
+    """
+    for name in ("alpha", "alpha_first_token"):
+        x = values.get(name, 0.0)
+        if not (math.isfinite(x) and x >= 0):
+            return f"{name!r} must be a finite number >= 0 (the alpha option's bounds), got {x!r}"
+    for a, tau in values.get("curve", ()):
+        if not (math.isfinite(a) and a >= 0 and math.isfinite(tau)):
+            return f"'curve' must hold finite (alpha >= 0, tau) pairs, got {(a, tau)!r}"
+    for name in ("p_value", "level"):
+        if not 0 <= values.get(name, 0.5) <= 1:
+            return f"{name!r} must be within [0, 1], got {values[name]!r}"
+    for name in ("e_value", "e_aligned"):
+        if not values.get(name, 1.0) >= 0:
+            return f"{name!r} must be >= 0, got {values[name]!r}"
+    for name in ("score", "aligned", "gain", "gain_low", "gain_high", "uncalibrated_gain"):
+        if not math.isfinite(values.get(name, 0.0)):
+            return f"{name!r} must be finite, got {values[name]!r}"
+    verdict = values.get("verdict", "reads" if values.get("reads", True) else "does not read")
+    if verdict not in VERDICTS or (verdict == "reads") != values.get("reads", verdict == "reads"):
+        return f"'verdict' must be one of {', '.join(VERDICTS)} and agree with 'reads', got {verdict!r}"
+    return ""
 
 
 def load_decision(raw: str) -> ContentDecision:

@@ -22,7 +22,7 @@ from .rules import DEFAULT_RULE, RULES, ContentRule
 __all__ = ["MAX_CHECKS", "check_for", "check_of", "decision_of", "adopt"]
 
 
-#: The most checks an endpoint state keeps (one per key: option variants); the least recently made go first.
+#: The most checks an endpoint state keeps (one per key: option variants); what goes first: :func:`_cost`.
 MAX_CHECKS = 16
 _CHECKS_LOCK = threading.Lock()
 
@@ -30,7 +30,7 @@ _CHECKS_LOCK = threading.Lock()
 def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, cap: int = CAP,
               rule: ContentRule = RULES[DEFAULT_RULE], store: Any = None) -> ContentCheck:
     """The check for ``key`` in an endpoint state's ``checks``, made on first use (by ``rule``; at most
-    :data:`MAX_CHECKS`, decided ones and idle ones dropped first); what the options ask of it applied
+    :data:`MAX_CHECKS`, the cheapest to lose dropped first: :func:`_cost`); what the options ask of it applied
     (:meth:`ContentCheck.use`: the ``saved`` decision, JSON or a file, wins where it is about the same key, else a
     warning; a new ``cap``; the ``store``'s decision for the key)."""
     check = checks.get(key)
@@ -39,11 +39,22 @@ def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = Non
             check = checks.get(key)
             if check is None:
                 while len(checks) >= MAX_CHECKS:
-                    old = min(checks, key=lambda k: (checks[k].decision is None, checks[k]._busy > 0))
-                    del checks[old]  # insertion order breaks ties: the oldest of the most droppable
+                    old = min(checks, key=lambda k: _cost(checks[k]))
+                    del checks[old]  # insertion order breaks ties: the oldest of the cheapest to lose
                 check = checks[key] = ContentCheck(key, None, cap, rule, store)
     check.use(saved, cap)
     return check
+
+
+def _cost(check: ContentCheck) -> int:
+    """What losing ``check`` costs, lowest dropped first: an idle undecided check (0: its readings are kept in the
+    store, or a few queries to read again), one reading now (1), a label-free decision (2: reloaded from the store
+    where weights are reported, else minutes of readings again), a decision from judged queries (3: the labels are
+    gone, and where the endpoint reports no weights nothing brings it back)."""
+    d = check.decision
+    if d is None:
+        return 1 if check._busy > 0 else 0
+    return 3 if d.judged > 0 else 2
 
 
 def _key(state: EndpointState, opts: Any) -> Key:

@@ -10,11 +10,14 @@ alone is not the same model after a restart.
 
 * Each file is ``<id>.json`` (``id``: the first 16 hex digits of the key's SHA-256), written whole to a temporary
   file beside it and renamed over it (``os.replace``): a reader sees the old decision or the new one, never half.
-* Writers take an exclusive ``fcntl`` lock on ``.lock`` in the folder (readers need none: the rename is atomic);
-  the folder is made 0700.
-* A file is read as data: every field checked against its type (:meth:`~.content_decision.ContentDecision.from_json`)
-  and its key against the one asked for. A file that does not pass is ignored, with one WARNING per file, and the
-  check decides afresh (and saves over it).
+* Writers take an exclusive ``fcntl`` lock on ``.lock`` in the folder (readers need none: the rename is atomic).
+* The folder is the user's (:mod:`.saved_folder`): made 0700, files 0600, and not used at all (decisions kept in
+  memory, one WARNING) where another user owns it or could write it.
+* A file is input, not trust: only a regular file of the user's, at most :data:`~.prompts.files.DECISION_BYTES`
+  read, decoded with its errors caught (:func:`~.prompts.files.read_untrusted`: a FIFO cannot hang a ranking, a
+  symbolic link to ``/dev/zero`` cannot fill memory), every field checked against its type and range
+  (:meth:`~.content_decision.ContentDecision.from_json`) and its key against the one asked for. A file that does not
+  pass is ignored, with one WARNING per file, and the check decides afresh (and saves over it).
 
 A check still deciding keeps its readings beside them (:mod:`.saved_readings`), so the next process goes on
 from there. ``capcal status`` (or ``capcal decisions``) lists both, ``capcal decisions forget`` deletes them
@@ -29,28 +32,21 @@ import json
 import logging
 import os
 import pathlib
-import tempfile
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import InputError
-from . import saved_readings
+from ..prompts.files import DECISION_BYTES, read_untrusted
+from . import saved_folder, saved_readings
 from .contrast import Reading
 from .decision import ContentDecision, Key, kept, key_id  # kept, key_id: re-exported (decision.py holds them)
+from .saved_folder import write_atomically  # re-exported (batch files are written so too)
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: the rename alone keeps files whole
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = ["folder", "kept", "key_id", "Store", "Saved", "STORE", "write_atomically", "describe", "describe_progress"]
+__all__ = ["folder", "kept", "key_id", "Store", "Saved", "STORE", "write_atomically", "chosen"]
 
 log = logging.getLogger("capcal_integrations")
 FORMAT = 1  # the envelope's version ("capcal_saved_decision")
-_warned: set[str] = set()  # files already warned about (one WARNING per file and process)
-_warned_lock = threading.Lock()
+MIN_PREFIX = 8  # the fewest characters of an id that ``forget`` takes (``forget 4`` deleted every id starting so)
 
 
 def folder() -> pathlib.Path | None:
@@ -103,7 +99,7 @@ class Store:
     def load(self, key: Key) -> ContentDecision | None:
         """The saved decision of ``key``, or ``None`` (none saved, or a file that does not pass: one WARNING)."""
         where = self.folder
-        if where is None or not kept(key):
+        if where is None or not kept(key) or not saved_folder.usable(where):
             return None
         saved = self._read(where / f"{key_id(key)}.json")
         if saved is None:
@@ -124,17 +120,18 @@ class Store:
                     "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "decision": json.loads(decision.to_json())}
         path = where / f"{ident}.json"
+        if not saved_folder.usable(where, create=True):
+            return None
         try:
-            where.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with self._locked(where):
+            with saved_folder.locked(where):
+                saved_folder.clean(where)
                 write_atomically(path, json.dumps(envelope, indent=1) + "\n")
                 saved_readings.drop(where, ident)  # decided: the readings are done with
         except OSError as err:
-            log.warning("capcal: cannot save the content decision in %s (%s); it holds for this process only",
-                        where, err)
+            saved_folder.warn_once(f"{where}: save", "capcal: cannot save content decisions in %s (%s); they hold for "
+                                   "this process only", where, err)
             return None
-        with _warned_lock:
-            _warned.discard(str(path))
+        saved_folder.forget_warnings(str(path))
         log.debug("capcal: content decision saved in %s", path)
         return path
 
@@ -142,7 +139,7 @@ class Store:
         """The readings kept for ``key`` while its check decides, or ``None`` (none, or a file that does not pass:
         one WARNING)."""
         where = self.folder
-        if where is None or not kept(key):
+        if where is None or not kept(key) or not saved_folder.usable(where):
             return None
         progress = saved_readings.load(where, key_id(key))
         if progress is not None and (progress.problem or dict(progress.key) != dict(key)):
@@ -153,32 +150,63 @@ class Store:
     def save_readings(self, key: Key, readings: Sequence[Reading], read: Sequence[str], e_value: float) -> None:
         """Keep a deciding check's readings (merged with another process's, under the folder's lock)."""
         where = self.folder
-        if where is None or not kept(key):
+        if where is None or not kept(key) or not saved_folder.usable(where, create=True) or self._key(where) is None:
             return
         ident = key_id(key)
         try:
-            saved_readings.path(where, ident).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with self._locked(where):
+            saved_folder.make(saved_readings.path(where, ident).parent)
+            with saved_folder.locked(where):
+                saved_folder.clean(where)
+                if self._decided(where, ident):  # another process decided meanwhile: its readings are done with
+                    saved_readings.drop(where, ident)
+                    return
                 write_atomically(saved_readings.path(where, ident),
                                  saved_readings.merged(where, ident, key, readings, read, e_value))
         except OSError as err:
-            log.warning("capcal: cannot keep the content check's readings in %s (%s); they hold for this process only",
-                        where, err)
+            saved_folder.warn_once(f"{where}: save readings", "capcal: cannot keep the content check's readings in %s "
+                                   "(%s); they hold for this process only", where, err)
+
+    def keyed(self, identity: str) -> str:
+        """A query's identity (:func:`~.check.query_identity`) as this store keeps it: hashed under the folder's
+        random key (:func:`~.saved_folder.secret`), so the folder's readings do not say which public queries were
+        asked; unchanged where nothing is kept."""
+        where = self.folder
+        key = self._key(where) if where is not None and saved_folder.usable(where) else None
+        return identity if key is None else saved_folder.keyed(key, identity)
+
+    @staticmethod
+    def _key(where: pathlib.Path) -> bytes | None:
+        return saved_folder.secret(where) if where.is_dir() else None
+
+    def _decided(self, where: pathlib.Path, ident: str) -> bool:
+        """Whether the folder holds a usable decision of the key ``ident`` that its readings cannot change (one not
+        undecided: an undecided one is read on by a larger ``check_lists``)."""
+        saved = self._read(where / f"{ident}.json")
+        return saved is not None and saved.decision is not None and saved.decision.verdict != "undecided"
 
     def progress(self) -> list[saved_readings.Progress]:
-        """Every check in progress kept in the folder (unusable files with their ``problem``), oldest first."""
+        """Every check in progress kept in the folder (unusable files with their ``problem``), oldest first; not
+        the readings of a key decided meanwhile (:meth:`_decided`: a slower process's, written after the decision)."""
         where = self.folder
-        return [] if where is None else saved_readings.entries(where)
+        if where is None:
+            return []
+        return [p for p in saved_readings.entries(where) if p.problem or not self._decided(where, p.id)]
+
+    def problem(self) -> str:
+        """Why the folder is not used (``""``: it is, or it does not exist): for ``capcal status``."""
+        where = self.folder
+        return "" if where is None else saved_folder.problem(where) or saved_folder.problem(where / "readings")
 
     def forget_readings(self, which: str | None) -> list[saved_readings.Progress]:
-        """Delete the kept readings whose id or model starts with ``which`` (``None``: all); those deleted."""
+        """Delete the kept readings :func:`chosen` by ``which`` (``None``: all); those deleted."""
         where = self.folder
-        chosen = [p for p in self.progress() if which is None or p.id.startswith(which) or p.model == which]
-        if chosen and where is not None:
-            with self._locked(where):
-                for p in chosen:
+        ids = chosen(self, which) if which is not None else None
+        gone = [p for p in (saved_readings.entries(where) if where is not None else []) if ids is None or p.id in ids]
+        if gone and where is not None:
+            with saved_folder.locked(where):
+                for p in gone:
                     saved_readings.drop(where, p.id)
-        return chosen
+        return gone
 
     def entries(self) -> list[Saved]:
         """Every file of the folder, read (unusable ones with their ``problem``), oldest first."""
@@ -189,29 +217,29 @@ class Store:
         return sorted(found, key=lambda s: s.saved_at)
 
     def forget(self, which: str | None) -> list[Saved]:
-        """Delete the files whose id or model starts with ``which`` (``None``: all); the ones deleted. An
+        """Delete the files :func:`chosen` by ``which`` (``None``: all); the ones deleted. An
         :class:`~.errors.InputError` when ``which`` matches none."""
         where = self.folder
-        chosen = [s for s in self.entries() if which is None or s.id.startswith(which)
-                  or (s.decision is not None and dict(s.decision.key).get("model", "") == which)]
-        if which is not None and not chosen:
+        ids = chosen(self, which) if which is not None else None
+        gone = [s for s in self.entries() if ids is None or s.id in ids]
+        if which is not None and not gone:
             raise InputError(f"no saved content decision has the id or model {which!r} (capcal decisions lists them)")
-        if chosen and where is not None:
-            with self._locked(where):
-                for s in chosen:
+        if gone and where is not None:
+            with saved_folder.locked(where):
+                for s in gone:
                     with contextlib.suppress(FileNotFoundError):
                         s.path.unlink()
-        return chosen
+        return gone
 
     @staticmethod
     def _read(path: pathlib.Path) -> Saved | None:
         ident = path.stem
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_untrusted(path, DECISION_BYTES, own=True)
         except FileNotFoundError:
             return None
-        except OSError as err:
-            return Saved(ident, path, None, problem=f"cannot read it ({err})")
+        except InputError as err:
+            return Saved(ident, path, None, problem=str(err))
         try:
             envelope = json.loads(text)
             if not isinstance(envelope, dict) or envelope.get("capcal_saved_decision") != FORMAT:
@@ -220,72 +248,37 @@ class Store:
             if not (isinstance(when, str) and isinstance(source, str)):
                 raise InputError("'saved_at' and 'source' must be text")
             decision = ContentDecision.from_json(json.dumps(envelope.get("decision")))
-        except (ValueError, InputError) as err:
-            return Saved(ident, path, None, problem=str(err))
+        except (ValueError, RecursionError, InputError) as err:
+            return Saved(ident, path, None, problem=str(err) or type(err).__name__)
         if key_id(decision.key) != ident:
             return Saved(ident, path, None, saved_at=when, source=source, problem="its key does not match its file name")
         return Saved(ident, path, decision, when, source)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _locked(where: pathlib.Path) -> Iterator[None]:
-        """The folder's writers' lock (``fcntl.flock`` on ``.lock``); nothing where ``fcntl`` is missing."""
-        if fcntl is None:
-            yield
-            return
-        fd = os.open(where / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
 
-
-def write_atomically(path: pathlib.Path, text: str) -> None:
-    """``text`` in ``path``, whole or not at all: a temporary file beside it, synced, renamed over it."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+def chosen(store: Store, which: str) -> set[str]:
+    """The ids ``which`` names among the store's decisions and checks in progress: a whole id, a model's name (all
+    of its), or a prefix of at least :data:`MIN_PREFIX` characters that only one id has; an
+    :class:`~.errors.InputError` listing the matches for a shorter or an ambiguous prefix (nothing is deleted)."""
+    where = store.folder
+    rows = [(s.id, dict(s.decision.key).get("model", "") if s.decision is not None else "") for s in store.entries()]
+    rows += [(p.id, p.model) for p in (saved_readings.entries(where) if where is not None else [])]
+    exact = {i for i, model in rows if which in (i, model)}
+    if exact:
+        return exact
+    starting = sorted({i for i, _ in rows if i.startswith(which)})
+    if len(starting) == 1 and len(which) >= MIN_PREFIX:
+        return set(starting)
+    if starting:
+        raise InputError(f"{which!r} is {'too short' if len(which) < MIN_PREFIX else 'ambiguous'}: it starts "
+                         f"{', '.join(starting)}; give a whole id, or at least {MIN_PREFIX} characters of one id "
+                         "(nothing was forgotten)")
+    return set()
 
 
 def _warn_once(path: pathlib.Path, problem: str, then: str = "the check decides afresh") -> None:
-    with _warned_lock:
-        if str(path) in _warned:
-            return
-        _warned.add(str(path))
-    log.warning("capcal: the saved file %s is ignored (%s); %s and saves over it (capcal decisions forget removes "
-                "it)", path, problem, then)
+    saved_folder.warn_once(str(path), "capcal: the saved file %s is ignored (%s); %s and saves over it (capcal "
+                           "decisions forget removes it)", path, problem, then)
 
 
 #: The store of :func:`folder`, looked up at every call (the commands'; a reranker keeps :meth:`Store.here`).
 STORE = Store()
-
-
-def describe(saved: Saved) -> dict[str, Any]:
-    """One saved decision as a listing shows it: id, model, what else its key holds, verdict, source, when."""
-    d = saved.decision
-    key = dict(d.key) if d is not None else {}
-    rest = {k: v for k, v in key.items() if k not in ("model", "weights")}
-    summary = ", ".join(f"{k}={v}" for k, v in rest.items() if k in ("template", "prompt", "rule", "window"))
-    return {"id": saved.id, "model": key.get("model", "?"), "weights": key.get("weights", ""), "key": summary,
-            "verdict": d.verdict if d is not None else f"unusable: {saved.problem}", "source": saved.source,
-            "saved_at": saved.saved_at, "lists": d.lists if d is not None else None, "path": str(saved.path)}
-
-
-def describe_progress(progress: saved_readings.Progress) -> dict[str, Any]:
-    """A check in progress as a listing shows it, in :func:`describe`'s columns."""
-    key = dict(progress.key)
-    summary = ", ".join(f"{k}={v}" for k, v in key.items() if k in ("template", "prompt", "rule", "window"))
-    verdict = (f"deciding: {len(progress.readings)} queries read, e = {progress.e_value:.3g}" if not progress.problem
-               else f"unusable: {progress.problem}")
-    return {"id": progress.id, "model": key.get("model", "?"), "weights": key.get("weights", ""), "key": summary,
-            "verdict": verdict, "source": "check in progress", "saved_at": progress.saved_at,
-            "lists": len(progress.readings), "path": str(progress.path)}

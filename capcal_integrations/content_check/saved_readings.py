@@ -7,13 +7,18 @@ under ``readings/<id>.json`` in the decisions folder (:func:`~.saved_decisions.f
 once the key has a decision (the decision's own file then holds what matters).
 
 * What is kept: each query's reading (its first-step log-probabilities by slot, :class:`~.contrast.Reading`) and
-  its identity (:func:`~.content_check.query_identity`: a SHA-256 of the query's words, never the words), so a
-  query read in one process is not read, and counted, again in the next (issue 33: repeated queries), plus the
-  evidence so far for ``capcal status``.
+  its identity (:func:`~.content_check.query_identity`: a SHA-256 of the query's words, never the words, hashed
+  again under the folder's random key, :func:`~.saved_folder.keyed`, so the file does not say which public queries
+  were asked), so a query read in one process is not read, and counted, again in the next (issue 33: repeated
+  queries), plus the evidence so far for ``capcal status``. Version 1 files held unkeyed identities: they are not
+  read (their queries would count twice).
 * Processes reading at once: a save merges under the folder's lock (a query already in the file is not added
   twice), written whole and renamed over the old file (``Store.save_readings``).
-* A file is read as data: its size bounded, every field type-checked, each reading's shape checked; a file that
-  does not pass is ignored with one WARNING and the check reads afresh (and saves over it).
+* A file is input, not trust (:func:`~.prompts.files.read_untrusted`): only a regular file of the user's, at most
+  :data:`MAX_BYTES` read (counted as read, not as ``stat`` says), decoded with its errors caught, every field
+  type-checked, each reading's shape checked; a file that does not pass is ignored with one WARNING and the check
+  reads afresh (and saves over it). The readings of a key decided meanwhile are not listed nor kept
+  (``Store.progress``, ``Store.save_readings``).
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
+from ..prompts.files import read_untrusted
 from .contrast import Reading
 
 __all__ = ["Progress", "load", "merged", "path", "drop", "entries", "FORMAT", "MAX_BYTES"]
 
 log = logging.getLogger("capcal_integrations")
-FORMAT = 1  # the envelope's version ("capcal_check_readings")
+FORMAT = 2  # the envelope's version ("capcal_check_readings"; 2: query identities keyed per folder)
 MAX_BYTES = 8 << 20  # a file larger than this is not read (a 40-query check of 20-passage lists is ~100 KiB)
 _HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -68,17 +74,15 @@ def load(where: pathlib.Path, ident: str) -> Progress | None:
     """The kept readings of the key ``ident`` in the decisions folder ``where``; ``None`` when none are kept."""
     file = path(where, ident)
     try:
-        if file.stat().st_size > MAX_BYTES:
-            return Progress(ident, file, problem=f"larger than {MAX_BYTES >> 20} MiB")
-        text = file.read_text(encoding="utf-8")
+        text = read_untrusted(file, MAX_BYTES, own=True)
     except FileNotFoundError:
         return None
-    except OSError as err:
-        return Progress(ident, file, problem=f"cannot read it ({err})")
+    except InputError as err:
+        return Progress(ident, file, problem=str(err))
     try:
         return _parse(ident, file, json.loads(text))
-    except (ValueError, TypeError, InputError) as err:
-        return Progress(ident, file, problem=str(err))
+    except (ValueError, TypeError, RecursionError, InputError) as err:
+        return Progress(ident, file, problem=str(err) or type(err).__name__)
 
 
 def _parse(ident: str, file: pathlib.Path, data: Any) -> Progress:
@@ -87,8 +91,8 @@ def _parse(ident: str, file: pathlib.Path, data: Any) -> Progress:
     key, rows, when, e = data.get("key"), data.get("readings"), data.get("saved_at", ""), data.get("e_value", 1.0)
     if not (isinstance(key, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in key.items())):
         raise InputError("'key' must be an object of text")
-    if not isinstance(rows, list) or not isinstance(when, str) or not _number(e):
-        raise InputError("'readings' must be a list, 'saved_at' text and 'e_value' a number")
+    if not isinstance(rows, list) or not isinstance(when, str) or not _number(e) or e < 0:
+        raise InputError("'readings' must be a list, 'saved_at' text and 'e_value' a number >= 0")
     readings, read = [], []
     for row in rows:
         if not isinstance(row, dict) or not (isinstance(row.get("query"), str) and _HEX.fullmatch(row["query"])):
@@ -145,7 +149,7 @@ def drop(where: pathlib.Path, ident: str) -> None:
 def entries(where: pathlib.Path) -> list[Progress]:
     """Every check in progress kept in the decisions folder ``where``, read (unusable ones with their problem)."""
     folder = _folder(where)
-    if not folder.is_dir():
+    if not folder.is_dir() or folder.is_symlink():
         return []
     found = [p for p in (load(where, f.stem) for f in sorted(folder.glob("*.json"))) if p is not None]
     return sorted(found, key=lambda p: p.saved_at)

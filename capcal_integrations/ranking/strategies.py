@@ -69,7 +69,20 @@ def validated(query: Any, passages: Any) -> tuple[str, list[Document]]:
             docs.append(as_document(passage))
         except TypeError as err:
             raise InputError(f"passages[{i}]: {err}") from err
+    _encodable("query", query)
+    for i, doc in enumerate(docs):
+        _encodable(f"passages[{i}]", doc.text)
     return query.strip(), docs
+
+
+def _encodable(what: str, text: str) -> None:
+    """An :class:`~.errors.InputError` naming ``what`` if ``text`` cannot be sent (a lone surrogate, as a file
+    decoded with ``errors="surrogateescape"`` leaves: no UTF-8 holds it, and it failed as the endpoint's fault)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(f"{what} holds {text[err.start:err.end]!r} at {err.start}, a lone surrogate that is not "
+                         "Unicode text and cannot be sent: decode its bytes with errors='replace'") from None
 
 
 def rerank_flow(state: EndpointState, opts: Options, query: Any, passages: Sequence[Any]) -> Flow[Ranking]:

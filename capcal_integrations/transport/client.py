@@ -27,7 +27,7 @@ from typing import Any
 import openai
 
 from ..errors import InputError
-from ..redaction import redact
+from ..redaction import redact, redact_queries
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,10 @@ def resolve_endpoint(base_url: str | None = None, api_key: str | None = None) ->
     url = base_url or env.get("CAPCAL_BASE_URL") or env.get("OPENAI_BASE_URL")
     if not url:
         raise InputError(_NO_ENDPOINT if not env.get("CAPCAL_API_KEY") else _KEY_WITHOUT_URL)
+    if urllib.parse.urlsplit(url).query:  # the client appends /completions after it: ?key=K/completions
+        raise InputError(f"base_url must not carry a query string ({redact_queries(redact(url))}): the routes are "
+                         "appended after it, and a key there shows in request logs; pass the key as api_key=... "
+                         "(or extra query parameters as default_query={...})")
     if api_key:
         return url, api_key
     for url_name, key_name in PAIRS:
