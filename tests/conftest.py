@@ -121,4 +121,5 @@ def hermetic_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
 
     # what is said once per process (a decision's WARNING, a folder's problem) is said once per test
     monkeypatch.setattr(check, "_announced", set())
+    monkeypatch.setattr(check, "_deciding", set())
     monkeypatch.setattr(saved_folder, "_said", set())

@@ -55,6 +55,7 @@ __all__ = ["LEVEL", "MISS", "EFFECT", "CAP", "MIN_PASSAGES", "KEY_OPTIONS", "Key
 log = logging.getLogger("capcal_integrations")
 _announced: set[str] = set()  # key_id + verdict of the decisions said at WARNING (once per process: announce)
 _announced_lock = threading.Lock()
+_deciding: set[str] = set()  # key_id of the keys whose first kept list said so at WARNING (once per process)
 
 
 def query_identity(query: str) -> str:
@@ -134,7 +135,12 @@ class ContentCheck:
         why = (f"shorter than {self.rule.min_passages} passages, not read for it" if n < self.rule.min_passages else
                f"{e.queries} of at most {self.cap} queries read, e = {e.for_reads:.3g}")
         with self._lock:
-            warn, self._warned = not self._warned and self.decision is None, True
+            fresh, self._warned = not self._warned and self.decision is None, True
+        warn = False
+        if fresh:  # once per key and process: a check made again (evicted, another reranker) says it at no level
+            with _announced_lock:
+                warn = key_id(self.key) not in _deciding
+                _deciding.add(key_id(self.key))
         if warn:
             log.warning("capcal: model %r: lists keep their given order (the retriever's, with its scores) while the "
                         "content check decides whether the model reads the passages (%d of at most %d queries read; "
