@@ -240,6 +240,15 @@ def test_as_runnable_step_in_a_chain(server_url, test_model, bm25):
 # ---------------------------------------------------------------- deciding from labels (issue 50)
 
 
+def _fake() -> CapCalReranker:
+    """A reranker on the library's test double (in memory, prompt-seeded log-probabilities: the same prompts, the
+    same decision), with the default guard that decide() needs."""
+    from capcal_integrations.testing import clients, make_handler
+
+    sync, async_ = clients(make_handler())
+    return CapCalReranker(client=sync, async_client=async_)
+
+
 @pytest.fixture(scope="module")
 def labelled():
     """A BM25 retriever over the labelled corpus (documents with ids) and (question, relevant ids) pairs."""
@@ -271,13 +280,11 @@ def test_judged_runs_the_retriever_and_grades_by_id_metadata_or_text(labelled):
 
 
 def test_decide_from_pairs_is_the_cores_decision_on_their_triples(labelled):
-    from capcal_integrations.testbed import simulated_endpoint
-
     retriever, pairs = labelled
     triples = CapCalRerank(base_url=NOWHERE, api_key="x").judged(retriever, pairs)
-    compressor = CapCalRerank(reranker=simulated_endpoint(triples, s=2.0, seed=5).reranker(), top_n=5)
+    compressor = CapCalRerank(reranker=_fake(), top_n=5)
     decision = compressor.decide(retriever, pairs)
-    core = simulated_endpoint(triples, s=2.0, seed=5).reranker().decide(triples)
+    core = _fake().decide(triples)
     assert decision.judged == core.judged == sum(any(g) for _, _, g in triples)
     assert (decision.reads, decision.gain, decision.gain_low, decision.gain_high) == \
         (core.reads, core.gain, core.gain_low, core.gain_high)
@@ -285,15 +292,11 @@ def test_decide_from_pairs_is_the_cores_decision_on_their_triples(labelled):
 
 
 async def test_adecide_is_decide(labelled):
-    from capcal_integrations.testbed import simulated_endpoint
-
     retriever, pairs = labelled
     triples = await CapCalRerank(base_url=NOWHERE, api_key="x").ajudged(retriever, pairs)
-    endpoint = simulated_endpoint(triples, s=2.0, seed=6)
-    reranker = CapCalReranker(base_url=endpoint.base_url, api_key="x", http_client=endpoint.http_client,
-                              async_http_client=endpoint.async_http_client)
+    reranker = _fake()
     decision = await CapCalRerank(reranker=reranker).adecide(retriever, pairs)
-    core = simulated_endpoint(triples, s=2.0, seed=6).reranker().decide(triples)
+    core = _fake().decide(triples)
     assert (decision.reads, decision.gain, decision.gain_low) == (core.reads, core.gain, core.gain_low)
 
 

@@ -322,6 +322,15 @@ def test_all_nodes_reordered_and_input_untouched(server_url, test_model, retriev
 # ---------------------------------------------------------------- deciding from labels (issue 50)
 
 
+def _fake() -> CapCalReranker:
+    """A reranker on the library's test double (in memory, prompt-seeded log-probabilities: the same prompts, the
+    same decision), with the default guard that decide() needs."""
+    from capcal_integrations.testing import clients, make_handler
+
+    sync, async_ = clients(make_handler())
+    return CapCalReranker(client=sync, async_client=async_)
+
+
 def _qa_dataset_class():
     """LlamaIndex's ``EmbeddingQAFinetuneDataset`` where this stack installs it: in ``llama-index-finetuning``
     (``llama_index.finetuning``) since core 0.12 or so, which pulls torch and sentence-transformers, so the stack
@@ -374,13 +383,11 @@ def test_judged_runs_the_retriever_and_grades_by_node_id_or_text(labelled):
 
 
 def test_decide_from_a_dataset_is_the_cores_decision_on_its_triples(labelled):
-    from capcal_integrations.testbed import simulated_endpoint
-
     retriever, dataset = labelled
     triples = CapCalRerank(base_url=NOWHERE, api_key="x").judged(retriever, dataset)
-    rerank = CapCalRerank(reranker=simulated_endpoint(triples, s=2.0, seed=5).reranker(), top_n=5)
+    rerank = CapCalRerank(reranker=_fake(), top_n=5)
     decision = rerank.decide(retriever, dataset)
-    core = simulated_endpoint(triples, s=2.0, seed=5).reranker().decide(triples)
+    core = _fake().decide(triples)
     assert decision.judged == core.judged == sum(any(g) for _, _, g in triples)
     assert (decision.reads, decision.gain, decision.gain_low, decision.gain_high) == \
         (core.reads, core.gain, core.gain_low, core.gain_high)
@@ -388,15 +395,11 @@ def test_decide_from_a_dataset_is_the_cores_decision_on_its_triples(labelled):
 
 
 async def test_adecide_is_decide(labelled):
-    from capcal_integrations.testbed import simulated_endpoint
-
     retriever, dataset = labelled
     triples = await CapCalRerank(base_url=NOWHERE, api_key="x").ajudged(retriever, dataset)
-    endpoint = simulated_endpoint(triples, s=2.0, seed=6)
-    reranker = CapCalReranker(base_url=endpoint.base_url, api_key="x", http_client=endpoint.http_client,
-                              async_http_client=endpoint.async_http_client)
+    reranker = _fake()
     decision = await CapCalRerank(reranker=reranker).adecide(retriever, dataset)
-    core = simulated_endpoint(triples, s=2.0, seed=6).reranker().decide(triples)
+    core = _fake().decide(triples)
     assert (decision.reads, decision.gain, decision.gain_low) == (core.reads, core.gain, core.gain_low)
 
 
