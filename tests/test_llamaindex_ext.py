@@ -332,10 +332,10 @@ def _fake() -> CapCalReranker:
 
 
 def _qa_dataset_class():
-    """LlamaIndex's ``EmbeddingQAFinetuneDataset`` where this stack installs it: in ``llama-index-finetuning``
-    (``llama_index.finetuning``) since core 0.12 or so, which pulls torch and sentence-transformers, so the stack
-    does not; older cores kept it in ``llama_index.core.evaluation``. Else a pydantic model of its shape, which
-    is all the adapter asks for (duck-typed)."""
+    """LlamaIndex's ``EmbeddingQAFinetuneDataset`` where this stack installs it: ``llama_index.finetuning``
+    (``llama-index-finetuning``, which pulls torch and sentence-transformers, so the stack does not; it is not in
+    llama-index-core 0.14.25); older cores kept it in ``llama_index.core.evaluation``. Else a pydantic model of
+    its shape, which is all the adapter asks for (duck-typed)."""
     import importlib
 
     for module in ("llama_index.finetuning", "llama_index.core.evaluation"):

@@ -6,9 +6,10 @@ A dataset is a list of :class:`Question`: its text and what answers it (ids or p
 the first of their keys (an id, a text) that the question names, 0 otherwise (:func:`judged_lists`); the core's
 :meth:`~capcal_integrations.CapCalReranker.decide` takes the triples. Its shapes:
 
-* LlamaIndex's ``EmbeddingQAFinetuneDataset`` (``generate_question_context_pairs``, ``RetrieverEvaluator``) or
-  any object of its shape: ``queries`` (id -> text), ``corpus`` (id -> text), ``relevant_docs`` (query id ->
-  ids): :func:`qa_dataset_questions`, duck-typed, so no extra package;
+* LlamaIndex's ``EmbeddingQAFinetuneDataset`` (``generate_qa_embedding_pairs`` makes one; both are in
+  ``llama-index-finetuning``, not in llama-index-core 0.14) or any object of its shape: ``queries`` (id ->
+  text), ``corpus`` (id -> text), ``relevant_docs`` (query id -> ids): :func:`qa_dataset_questions`,
+  duck-typed, so no extra package;
 * ``(question, relevant)`` pairs, ``relevant`` one id or text, a sequence of them or a mapping of them to
   grades (LangChain's adapter): :func:`pair_questions`.
 
