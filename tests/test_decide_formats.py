@@ -233,3 +233,15 @@ def test_a_beir_folder_written_from_scifact_is_the_shared_data(tmp_path, capsys)
     assert len(bm25) >= 40
     args = _args("--data", str(folder), "--run", str(folder / "run.trec"), "--queries", "5", "--top", "6", "--json")
     _decides_as_the_core(args, read_triples(args), capsys)
+
+
+def test_a_malformed_file_fails_before_any_server_starts(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "judged.jsonl"
+    bad.write_text('{"query": "q", "passages": ["a", "b"], "grades": [1, "x"]}\n')
+
+    def no_server(args):
+        raise AssertionError("an endpoint was started for a file that cannot be read")
+
+    monkeypatch.setattr(cli, "_endpoint", no_server)
+    assert cli.main(["decide", "--judged", str(bad)]) == 1
+    assert "judged.jsonl, line 1: grades must be integers" in capsys.readouterr().err

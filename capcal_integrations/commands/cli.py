@@ -26,6 +26,7 @@ from ..redaction import RedactingFilter, redact
 from ..reranker import CapCalReranker
 from ..server.command import add_serve_parser, serve_command
 from .decide import add_parser as add_decide_parser
+from .decide import read_triples
 from .decide import run as run_decide
 from .demo import run as run_demo
 from .flags import add_endpoint_options, add_input_options, alphas, options_from_args
@@ -106,8 +107,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
+    triples = read_triples(args)  # a malformed file fails before a server starts
     with _endpoint(args) as found:
-        return run_decide(args, _reranker(args, found))
+        return run_decide(args, _reranker(args, found), triples)
 
 
 def cmd_key(args: argparse.Namespace) -> int:

@@ -109,10 +109,11 @@ def read_triples(args: argparse.Namespace) -> list[tuple[str, list[Any], list[in
     return triples[:args.queries] if args.queries is not None else triples
 
 
-def run(args: argparse.Namespace, reranker: Any) -> int:
+def run(args: argparse.Namespace, reranker: Any, triples: list[tuple[str, list[Any], list[int]]] | None = None) -> int:
+    """Decide from the judged queries the arguments name (``triples``: already read) and show what it saw."""
     from .decision_report import report
 
-    triples = read_triples(args)
+    triples = read_triples(args) if triples is None else triples
     sys.stderr.write(f"capcal decide: ranking {len(triples)} judged queries three ways (calibrated, given order, "
                      f"uncalibrated) on {reranker.model or 'the endpoint'}\n")
     decision = reranker.decide(triples)
