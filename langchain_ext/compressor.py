@@ -54,7 +54,9 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, InputError, Ranking
+from capcal_integrations.content_check.decision import ContentDecision
 from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
+from capcal_integrations.integrations.judging import judged_lists, pair_questions
 
 __all__ = ["CapCalRerank", "RELEVANCE_SCORE_KEY", "OWN_SCORE_KEY", "DETAILS_KEY"]
 
@@ -86,6 +88,29 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
             return []
         return await self.as_runnable().ainvoke({"query": query, "documents": documents},
                                                 config={"callbacks": callbacks})
+
+    def judged(self, retriever: Any, dataset: Any) -> list[tuple[str, list[str], list[int]]]:
+        """``(question, passages, grades)`` of each ``(question, relevant ids or texts)`` pair of ``dataset``:
+        ``retriever.invoke(question)``'s documents in its order, graded 1 where the document's ``id``, its
+        ``metadata["id"]`` (or ``"doc_id"``) or its ``page_content`` is one of the relevant ones (a mapping of them
+        to grades gives the grades), else 0 (:mod:`~capcal_integrations.integrations.judging`)."""
+        questions = pair_questions(dataset)
+        return judged_lists(questions, [retriever.invoke(q.text) for q in questions], _keys, _text)
+
+    async def ajudged(self, retriever: Any, dataset: Any) -> list[tuple[str, list[str], list[int]]]:
+        """Async :meth:`judged`: ``retriever.ainvoke``."""
+        questions = pair_questions(dataset)
+        return judged_lists(questions, [await retriever.ainvoke(q.text) for q in questions], _keys, _text)
+
+    def decide(self, retriever: Any, dataset: Any) -> ContentDecision:
+        """Decide from ``dataset``'s labels whether to calibrate this model, with ``retriever`` as the first stage:
+        :meth:`judged`'s triples through :meth:`CapCalReranker.decide <capcal_integrations.CapCalReranker.decide>`
+        with this compressor's reranker and options. The decision is kept like the content check's own."""
+        return self.reranker.decide(self.judged(retriever, dataset))
+
+    async def adecide(self, retriever: Any, dataset: Any) -> ContentDecision:
+        """Async :meth:`decide`."""
+        return await self.reranker.adecide(await self.ajudged(retriever, dataset))
 
     def as_runnable(self, *, query_key: str = "query", documents_key: str = "documents") -> RunnableLambda:
         """This reranking as a Runnable: ``{query_key: str, documents_key: [Document]}`` -> ``[Document]``.
@@ -149,6 +174,16 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
 
 def _is_score(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _keys(document: Document) -> list[str]:
+    """What a retrieved document is known by in a dataset: its ids, then its text."""
+    ids = [document.id, document.metadata.get("id"), document.metadata.get("doc_id")]
+    return [str(i) for i in ids if i is not None] + [document.page_content.strip()]
+
+
+def _text(document: Document) -> str:
+    return document.page_content
 
 
 def _texts(documents: list[Document]) -> list[str]:

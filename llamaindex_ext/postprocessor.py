@@ -50,7 +50,9 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, InputError, Ranking
+from capcal_integrations.content_check.decision import ContentDecision
 from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
+from capcal_integrations.integrations.judging import judged_lists, qa_dataset_questions
 
 __all__ = ["CapCalRerank", "RETRIEVAL_SCORE_KEY", "DETAILS_KEY"]
 
@@ -100,6 +102,34 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
     def _texts(self, nodes: list[NodeWithScore]) -> list[str]:
         return [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
 
+    # ------------------------------------------------------------------ deciding from labels
+
+    def judged(self, retriever: Any, dataset: Any) -> list[tuple[str, list[str], list[int]]]:
+        """``(question, passages, grades)`` of each question of ``dataset`` (an ``EmbeddingQAFinetuneDataset`` or
+        any object with its ``queries``, ``corpus`` and ``relevant_docs``): ``retriever.retrieve(question)``'s
+        nodes in its order, their text as this reranker reads them, graded 1 where the node's id or its text is
+        one of the question's relevant docs, else 0 (:mod:`~capcal_integrations.integrations.judging`)."""
+        questions = qa_dataset_questions(dataset)
+        return judged_lists(questions, [retriever.retrieve(q.text) for q in questions], _keys, self._text)
+
+    async def ajudged(self, retriever: Any, dataset: Any) -> list[tuple[str, list[str], list[int]]]:
+        """Async :meth:`judged`: ``retriever.aretrieve``."""
+        questions = qa_dataset_questions(dataset)
+        return judged_lists(questions, [await retriever.aretrieve(q.text) for q in questions], _keys, self._text)
+
+    def decide(self, retriever: Any, dataset: Any) -> ContentDecision:
+        """Decide from ``dataset``'s labels whether to calibrate this model, with ``retriever`` as the first stage:
+        :meth:`judged`'s triples through :meth:`CapCalReranker.decide <capcal_integrations.CapCalReranker.decide>`
+        with this postprocessor's reranker and options. The decision is kept like the content check's own."""
+        return self.reranker.decide(self.judged(retriever, dataset))
+
+    async def adecide(self, retriever: Any, dataset: Any) -> ContentDecision:
+        """Async :meth:`decide`."""
+        return await self.reranker.adecide(await self.ajudged(retriever, dataset))
+
+    def _text(self, scored: NodeWithScore) -> str:
+        return scored.node.get_content(metadata_mode=self.metadata_mode)
+
     def _event(self, nodes: list[NodeWithScore], query_bundle: QueryBundle, reranker: CapCalReranker) -> Any:
         model_name = f"capcal-{reranker.method}:{reranker.model or 'default'}"
         top_n = min(self.top_n or len(nodes), len(nodes))
@@ -120,6 +150,11 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
         event.on_end(payload={EventPayload.NODES: new_nodes, DETAILS_KEY: summary})
         dispatcher.event(ReRankEndEvent(nodes=new_nodes, tags={DETAILS_KEY: summary}))
         return new_nodes
+
+
+def _keys(scored: NodeWithScore) -> list[str]:
+    """What a retrieved node is known by in a dataset: its id, then its text."""
+    return [scored.node.node_id, scored.node.get_content(metadata_mode=MetadataMode.NONE).strip()]
 
 
 def _query_of(query_bundle: QueryBundle | None) -> str:

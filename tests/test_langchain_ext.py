@@ -235,3 +235,91 @@ def test_as_runnable_step_in_a_chain(server_url, test_model, bm25):
     assert [d.id for d in result["context"]] == [retrieved[i].id for i in ranking.order]
     scores = [d.metadata[RELEVANCE_SCORE_KEY] for d in result["context"]]
     assert scores == sorted(scores, reverse=True) and len(scores) == len(retrieved)
+
+
+# ---------------------------------------------------------------- deciding from labels (issue 50)
+
+
+def _fake() -> CapCalReranker:
+    """A reranker on the library's test double (in memory, prompt-seeded log-probabilities: the same prompts, the
+    same decision), with the default guard that decide() needs."""
+    from capcal_integrations.testing import clients, make_handler
+
+    sync, async_ = clients(make_handler())
+    return CapCalReranker(client=sync, async_client=async_)
+
+
+@pytest.fixture(scope="module")
+def labelled():
+    """A BM25 retriever over the labelled corpus (documents with ids) and (question, relevant ids) pairs."""
+    from _labelled import corpus, questions, relevant
+
+    docs = [Document(page_content=text, id=doc_id) for doc_id, text in corpus().items()]
+    pairs = [(text, relevant()[qid]) for qid, text in questions().items()]
+    return BM25(docs=docs, k=5), pairs
+
+
+def test_judged_runs_the_retriever_and_grades_by_id_metadata_or_text(labelled):
+    from _labelled import corpus
+
+    retriever, pairs = labelled
+    compressor = CapCalRerank(base_url=NOWHERE, api_key="x")
+    triples = compressor.judged(retriever, pairs)
+    for (question, passages, grades), (asked, ids) in zip(triples, pairs):
+        retrieved = retriever.invoke(asked)
+        assert question == asked and passages == [d.page_content for d in retrieved]
+        assert grades == [int(d.id in ids) for d in retrieved]
+    assert sum(any(g) for _, _, g in triples) >= 6
+    # the same grades from texts, from metadata ids, and graded as a mapping gives them
+    by_text = [(q, [corpus()[i] for i in ids]) for q, ids in pairs]
+    assert [g for _, _, g in compressor.judged(retriever, by_text)] == [g for _, _, g in triples]
+    in_metadata = BM25(docs=[Document(page_content=d.page_content, metadata={"id": d.id}) for d in retriever.docs], k=5)
+    assert [g for _, _, g in compressor.judged(in_metadata, pairs)] == [g for _, _, g in triples]
+    graded = [(q, {i: 3 for i in ids}) for q, ids in pairs]
+    assert [g for _, _, g in compressor.judged(retriever, graded)] == [[3 * x for x in g] for _, _, g in triples]
+
+
+def test_decide_from_pairs_is_the_cores_decision_on_their_triples(labelled):
+    retriever, pairs = labelled
+    triples = CapCalRerank(base_url=NOWHERE, api_key="x").judged(retriever, pairs)
+    compressor = CapCalRerank(reranker=_fake(), top_n=5)
+    decision = compressor.decide(retriever, pairs)
+    core = _fake().decide(triples)
+    assert decision.judged == core.judged == sum(any(g) for _, _, g in triples)
+    assert (decision.reads, decision.gain, decision.gain_low, decision.gain_high) == \
+        (core.reads, core.gain, core.gain_low, core.gain_high)
+    assert compressor.reranker.content_decision() == decision
+
+
+async def test_adecide_is_decide(labelled):
+    retriever, pairs = labelled
+    triples = await CapCalRerank(base_url=NOWHERE, api_key="x").ajudged(retriever, pairs)
+    reranker = _fake()
+    decision = await CapCalRerank(reranker=reranker).adecide(retriever, pairs)
+    core = _fake().decide(triples)
+    assert (decision.reads, decision.gain, decision.gain_low) == (core.reads, core.gain, core.gain_low)
+
+
+def test_decide_from_labels_says_what_is_wrong(labelled):
+    retriever, pairs = labelled
+    compressor = CapCalRerank(base_url=NOWHERE, api_key="x")
+    with pytest.raises(InputError, match="empty"):
+        compressor.decide(retriever, [])
+    with pytest.raises(InputError, match="no relevant passage for any"):
+        compressor.decide(retriever, [(q, ["no-such-id"]) for q, _ in pairs])
+    with pytest.raises(InputError, match="item 0: expected a"):
+        compressor.decide(retriever, ["just a question"])
+    with pytest.raises(InputError, match="sequence of"):
+        compressor.decide(retriever, {"q": ["d"]})
+
+
+@pytest.mark.e2e
+def test_decide_from_pairs_on_the_real_server(server_url, test_model, labelled):
+    # three passages a question and one request a step (probability="trie"): the plumbing, on the real server
+    retriever, pairs = labelled
+    retriever = BM25(docs=retriever.docs, k=3)
+    compressor = CapCalRerank(base_url=server_url, model=test_model, top_n=3, probability="trie")
+    decision = compressor.decide(retriever, pairs)
+    assert decision.judged == sum(any(g) for _, _, g in compressor.judged(retriever, pairs)) >= 5
+    assert decision.gain_low <= decision.gain <= decision.gain_high
+    assert compressor.reranker.content_decision() == decision

@@ -317,3 +317,119 @@ def test_all_nodes_reordered_and_input_untouched(server_url, test_model, retriev
     assert [n.score for n in out] == sorted((n.score for n in out), reverse=True)
     assert all(n.node.metadata["source"] == "web" for n in out)
     assert rerank.reranker.model == test_model
+
+
+# ---------------------------------------------------------------- deciding from labels (issue 50)
+
+
+def _fake() -> CapCalReranker:
+    """A reranker on the library's test double (in memory, prompt-seeded log-probabilities: the same prompts, the
+    same decision), with the default guard that decide() needs."""
+    from capcal_integrations.testing import clients, make_handler
+
+    sync, async_ = clients(make_handler())
+    return CapCalReranker(client=sync, async_client=async_)
+
+
+def _qa_dataset_class():
+    """LlamaIndex's ``EmbeddingQAFinetuneDataset`` where this stack installs it: ``llama_index.finetuning``
+    (``llama-index-finetuning``, which pulls torch and sentence-transformers, so the stack does not; it is not in
+    llama-index-core 0.14.25); older cores kept it in ``llama_index.core.evaluation``. Else a pydantic model of
+    its shape, which is all the adapter asks for (duck-typed)."""
+    import importlib
+
+    for module in ("llama_index.finetuning", "llama_index.core.evaluation"):
+        try:
+            return importlib.import_module(module).EmbeddingQAFinetuneDataset
+        except (ImportError, AttributeError):
+            pass
+    from llama_index.core.bridge.pydantic import BaseModel
+
+    class EmbeddingQAFinetuneDataset(BaseModel):  # the shape of llama_index.finetuning.embeddings.common's
+        queries: dict[str, str]
+        corpus: dict[str, str]
+        relevant_docs: dict[str, list[str]]
+        mode: str = "text"
+
+    return EmbeddingQAFinetuneDataset
+
+
+@pytest.fixture(scope="module")
+def labelled():
+    """A BM25 retriever over the labelled corpus and its dataset, as generate_question_context_pairs makes one."""
+    from _labelled import corpus, questions, relevant
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    nodes = [TextNode(text=text, id_=node_id) for node_id, text in corpus().items()]
+    dataset = _qa_dataset_class()(queries=questions(), corpus=corpus(), relevant_docs=relevant())
+    return BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=5), dataset
+
+
+def test_judged_runs_the_retriever_and_grades_by_node_id_or_text(labelled):
+    retriever, dataset = labelled
+    rerank = CapCalRerank(base_url=NOWHERE, api_key="x")
+    triples = rerank.judged(retriever, dataset)
+    assert [q for q, _, _ in triples] == list(dataset.queries.values())
+    for (question, passages, grades), (qid, _) in zip(triples, dataset.queries.items()):
+        retrieved = retriever.retrieve(question)
+        assert passages == _texts(retrieved)
+        assert grades == [int(n.node.node_id in dataset.relevant_docs[qid]) for n in retrieved]
+    assert sum(any(g) for _, _, g in triples) >= 6  # BM25 finds most answers
+    # a retriever over an index rebuilt with other node ids still matches, by text
+    from llama_index.retrievers.bm25 import BM25Retriever
+    renamed = BM25Retriever.from_defaults(nodes=[TextNode(text=t, id_=f"other-{i}")
+                                                 for i, t in enumerate(dataset.corpus.values())], similarity_top_k=5)
+    assert [g for _, _, g in rerank.judged(renamed, dataset)] == [g for _, _, g in triples]
+
+
+def test_decide_from_a_dataset_is_the_cores_decision_on_its_triples(labelled):
+    retriever, dataset = labelled
+    triples = CapCalRerank(base_url=NOWHERE, api_key="x").judged(retriever, dataset)
+    rerank = CapCalRerank(reranker=_fake(), top_n=5)
+    decision = rerank.decide(retriever, dataset)
+    core = _fake().decide(triples)
+    assert decision.judged == core.judged == sum(any(g) for _, _, g in triples)
+    assert (decision.reads, decision.gain, decision.gain_low, decision.gain_high) == \
+        (core.reads, core.gain, core.gain_low, core.gain_high)
+    assert rerank.reranker.content_decision() == decision  # set like the check's own
+
+
+async def test_adecide_is_decide(labelled):
+    retriever, dataset = labelled
+    triples = await CapCalRerank(base_url=NOWHERE, api_key="x").ajudged(retriever, dataset)
+    reranker = _fake()
+    decision = await CapCalRerank(reranker=reranker).adecide(retriever, dataset)
+    core = _fake().decide(triples)
+    assert (decision.reads, decision.gain, decision.gain_low) == (core.reads, core.gain, core.gain_low)
+
+
+def test_decide_from_labels_says_what_is_wrong(labelled):
+    retriever, dataset = labelled
+    rerank = CapCalRerank(base_url=NOWHERE, api_key="x")
+    shape = type(dataset)
+    with pytest.raises(InputError, match="no queries"):
+        rerank.decide(retriever, shape(queries={}, corpus=dataset.corpus, relevant_docs={}))
+    with pytest.raises(InputError, match="match nothing in the dataset's corpus"):
+        rerank.decide(retriever, shape(queries=dataset.queries, corpus=dataset.corpus,
+                                       relevant_docs={**dataset.relevant_docs, "q-owls": ["no-such-node"]}))
+    with pytest.raises(InputError, match="no relevant passage for any"):
+        rerank.decide(retriever, shape(queries=dataset.queries, corpus={"x": "nothing like it"},
+                                       relevant_docs={q: ["x"] for q in dataset.queries}))
+    with pytest.raises(InputError, match="queries, corpus and relevant_docs"):
+        rerank.decide(retriever, [("a question", ["an id"])])
+
+
+@pytest.mark.e2e
+def test_decide_from_a_dataset_on_the_real_server(server_url, test_model, labelled):
+    # three passages a question and one request a step (probability="trie"): the plumbing, on the real server,
+    # in a minute or two of a 2-core CPU (the default options over five passages took many times that)
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    _, dataset = labelled
+    retriever = BM25Retriever.from_defaults(nodes=[TextNode(text=t, id_=i) for i, t in dataset.corpus.items()],
+                                            similarity_top_k=3)
+    rerank = CapCalRerank(base_url=server_url, model=test_model, top_n=3, probability="trie")
+    decision = rerank.decide(retriever, dataset)
+    assert decision.judged == sum(any(g) for _, _, g in rerank.judged(retriever, dataset)) >= 5
+    assert decision.gain_low <= decision.gain <= decision.gain_high
+    assert rerank.reranker.content_decision() == decision

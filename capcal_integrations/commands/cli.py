@@ -1,4 +1,5 @@
-"""The ``capcal`` command: ``serve``, ``key``, ``rerank``, ``tune``, ``demo``, ``decide``, ``status``, ``eval`` and ``testbed``.
+"""The ``capcal`` command: ``serve``, ``key``, ``rerank``, ``tune``, ``demo``, ``decide``, ``label``, ``status``, ``eval``
+and ``testbed``.
 
 With no ``--base-url`` (and no ``$CAPCAL_BASE_URL``), ``rerank``, ``tune`` and ``demo`` reuse the server
 your ``capcal serve`` runs on 127.0.0.1:8080 (once it has proved it is that one: see
@@ -25,6 +26,7 @@ from ..redaction import RedactingFilter, redact
 from ..reranker import CapCalReranker
 from ..server.command import add_serve_parser, serve_command
 from .decide import add_parser as add_decide_parser
+from .decide import read_triples
 from .decide import run as run_decide
 from .demo import run as run_demo
 from .flags import add_endpoint_options, add_input_options, alphas, options_from_args
@@ -105,8 +107,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
+    triples = read_triples(args)  # a malformed file fails before a server starts
     with _endpoint(args) as found:
-        return run_decide(args, _reranker(args, found))
+        return run_decide(args, _reranker(args, found), triples)
 
 
 def cmd_key(args: argparse.Namespace) -> int:
@@ -195,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help="log requests and decisions")
 
     sub.add_parser("eval", help="evaluate methods on a benchmark (see: capcal eval --help)", add_help=False)
+    sub.add_parser("label", help="grade retrieved passages on a local page (see: capcal label --help)", add_help=False)
     sub.add_parser("testbed", help="measure the methods on the simulated reranker (see: capcal testbed --help)",
                    add_help=False)
     sub.add_parser("status", help="each content decision kept and each check still deciding (what the default does "
@@ -226,6 +230,10 @@ def _subcommand(name: str) -> Callable[[list[str]], int]:
         from ..evaluation.command import main as eval_main
 
         return eval_main
+    if name == "label":
+        from .label import main as label_main
+
+        return label_main
     if name in ("decisions", "status"):
         from .decisions import main as decisions_main
 
@@ -264,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ``capcal: error: ...`` (exit 1), an argument error (exit 2), or an interruption (exit 130)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _exit_on_sigterm()
-    if argv[:1] in (["eval"], ["testbed"], ["decisions"], ["status"]):  # commands with their own parsers
+    if argv[:1] in (["eval"], ["testbed"], ["decisions"], ["status"], ["label"]):  # commands with their own parsers
         verbose = "-v" in argv or "--verbose" in argv
         _setup_logging(verbose, "capcal: %(message)s")
         return _handled(lambda: _subcommand(argv[0])(argv[1:]), verbose)
