@@ -41,7 +41,7 @@ def test_a_plain_import_loads_the_core_alone():
         "": ("", "_moved", "errors", "options", "option_values", "redaction", "reranker", "tuning", "types"),
         "calibration": ("", "formulas", "strength"),
         "content_check": ("", "check", "registry", "decision", "judged", "attempts", "rules", "contrast", "evidence",
-                          "query_contrast", "saved_decisions", "saved_readings", "typed_json"),
+                          "query_contrast", "saved_decisions", "saved_readings", "typed_json", "betting"),
         "transport": ("", "client", "drivers", "transfer", "background"),
         "endpoints": ("", "base", "lists", "llamacpp", "vllm", "sglang", "ollama", "chat", "hosted_chat",
                       "hosted_completions", "controls", "probe", "calls", "answers", "caches", "routing",

@@ -6,8 +6,9 @@
 
 ``DIR`` is a folder in the shared data layout (``candidates.jsonl.gz``: each query's candidates, best first;
 ``qrels.txt``: ``qid 0 docid grade``). Each query's top ``--top`` candidates are ranked calibrated, in their given
-order and uncalibrated; the decision is printed (``--json``: its JSON, for ``decision=``) and kept like the content
-check's own, so the next ``capcal rerank`` or service on this model and these options ranks with it.
+order and uncalibrated (queries judged before on this model and these options are not ranked again: the decision
+pools them); the decision is printed (``--json``: its JSON, for ``decision=``) and kept like the content check's own,
+so the next ``capcal rerank``, service or ``capcal decide`` on this model and these options goes on from it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def judged_from(path: str, top: int = 20, queries: int | None = None) -> list[tu
 def run(args: argparse.Namespace, reranker: Any) -> int:
     triples = judged_from(args.data, args.top, args.queries)
     sys.stderr.write(f"capcal decide: ranking {len(triples)} judged queries three ways (calibrated, given order, "
-                     f"uncalibrated) on {reranker.model or 'the endpoint'}\n")
+                     f"uncalibrated; those judged before are pooled, not ranked again) on {reranker.model or 'the endpoint'}\n")
     decision = reranker.decide(triples)
     sys.stdout.write((decision.to_json() if args.json else str(decision)) + "\n")
     return 0
