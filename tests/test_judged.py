@@ -270,13 +270,14 @@ def test_decide_on_the_real_server_sets_and_keeps_a_decision_from_labels(server_
 
     monkeypatch.setenv("CAPCAL_DECISIONS_DIR", str(tmp_path))
     flea = [0, 3, 0, 1, 0]  # PASSAGES' grades for QUERY
-    lists = [(QUERY, PASSAGES[:4], flea[:4]), (QUERY + "?", PASSAGES[1:5], flea[1:5]),
+    lists = [(QUERY, PASSAGES[:4], flea[:4]), ("in a few words: " + QUERY, PASSAGES[1:5], flea[1:5]),  # QUERY + "?" is QUERY again
              ("which fruit is rich in potassium", PASSAGES[:4], [0, 0, 3, 0]),
              ("where is the Eiffel Tower", PASSAGES[:4], [3, 0, 0, 0]),
              ("how did the stock market close on Tuesday", PASSAGES[1:5], [0, 0, 0, 3])]
     reranker = CapCalReranker(base_url=server_url, api_key="none")
     decision = reranker.decide(lists)
-    assert decision.judged == 5 and decision.reads == (decision.gain_low > 0)
+    assert decision.judged == 5 and decision.reads == (decision.gain_low > 0) and len(set(decision.judged_ids)) == 5
+    assert not decision.reads  # five queries cannot reach 40, whatever they show
     assert -1 <= decision.gain_low <= decision.gain <= decision.gain_high <= 1
     assert Store(tmp_path).load(decision.key) == decision  # kept for the next process on these weights
     ranking = reranker.rerank(*lists[0][:2])
