@@ -57,12 +57,12 @@ def _null_sequences(shape: str, runs: int, n: int, rng: random.Random) -> list[l
 def test_the_e_process_crosses_under_the_level_at_any_number_of_looks(shape):
     """Ville's inequality, simulated: at a true mean gain of 0, looking after every difference up to 60 (the user
     who re-runs decide() after each new judged query and stops at the first "calibrate"), the e-process crosses
-    in well under 2.5 % of runs (2,000 runs a shape, fixed seed; a binomial at 2.5 % would exceed 3.3 % with
-    probability < .01)."""
+    in under 2 % of runs, a margin below the 2.5 % level (2,000 runs a shape, fixed seeds: 0, 0, 31, 7 and 3
+    crossings; the widest shape, +-1, comes closest)."""
     rng = random.Random(f"null|{shape}")
     runs = _null_sequences(shape, 2000, 60, rng)
     crossed = sum(betting.crossing(d) > 0 for d in runs)
-    assert crossed / len(runs) <= 0.025, (shape, crossed)
+    assert crossed / len(runs) <= 0.02, (shape, crossed)
 
 
 def test_the_confidence_sequence_covers_the_mean_at_every_count():
