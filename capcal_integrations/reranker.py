@@ -18,7 +18,8 @@ from typing import Any
 import openai
 
 from .content_check.check import ContentDecision, Pending
-from .content_check.judged import arank_judged, judged_triples, label_decision, rank_judged
+from .content_check.decision import decision_key
+from .content_check.judged import arank_judged, fresh_judged, label_decision, rank_judged
 from .content_check.registry import adopt, decision_of
 from .content_check.saved_decisions import Store
 from .endpoints.calls import EndpointState
@@ -123,19 +124,28 @@ class CapCalReranker:
 
     def decide(self, judged: Iterable[tuple[str, Sequence[Any], Sequence[int]]]) -> ContentDecision:
         """Decide from judged queries whether to calibrate this model (:mod:`.judged`): ``(query, passages,
-        grades)`` triples, each ranked calibrated, in its given order and uncalibrated; "calibrate" (``reads``) only
-        when calibrating beats the given order by nDCG@10 with a 95 % paired interval above zero. The decision is
-        set and kept like the content check's own: every reranker on this model and reading options uses it."""
-        triples = judged_triples(judged)
+        grades)`` triples, each ranked calibrated, in its given order and uncalibrated; "calibrate" (``reads``) once
+        an anytime-valid test says calibrating beats the given order by nDCG@10 (at most 2.5 % wrong where it does
+        not, however often decide() is called). The queries are pooled with those judged before on this key (a
+        query judged before counts once), and the decision is set and kept like the content check's own: every
+        reranker on this model and reading options uses it."""
+        caps = self.capabilities()
+        current = decision_of(self._state, self.options)
+        triples, ids = fresh_judged(judged, decision_key(caps.model, caps.weights, self.options), current)
+        if not triples:
+            return current  # type: ignore[return-value]  # every query judged before: the decision as it was
         scores = rank_judged(self, triples)
-        return adopt(self._state, self.options, label_decision(self.capabilities(), self.options, scores), "labels")
+        return adopt(self._state, self.options, label_decision(caps, self.options, scores, ids), "labels")
 
     async def adecide(self, judged: Iterable[tuple[str, Sequence[Any], Sequence[int]]]) -> ContentDecision:
         """Async :meth:`decide`."""
-        triples = judged_triples(judged)
-        scores = await arank_judged(self, triples)
         caps = await self.acapabilities()
-        return await asyncio.to_thread(adopt, self._state, self.options, label_decision(caps, self.options, scores),
+        current = await asyncio.to_thread(decision_of, self._state, self.options)
+        triples, ids = fresh_judged(judged, decision_key(caps.model, caps.weights, self.options), current)
+        if not triples:
+            return current  # type: ignore[return-value]
+        scores = await arank_judged(self, triples)
+        return await asyncio.to_thread(adopt, self._state, self.options, label_decision(caps, self.options, scores, ids),
                                        "labels")
 
     def capabilities(self) -> Capabilities:

@@ -11,9 +11,10 @@ The formats (:mod:`.judged_files`; ``--format`` names one, else it is told from 
 folder in the shared data layout (``candidates.jsonl.gz``: each query's candidates, best first; ``qrels.txt``:
 ``qid 0 docid grade``); ``beir``, a folder as BEIR ships it (``corpus.jsonl``, ``queries.jsonl``,
 ``qrels/test.tsv``); ``trec``, a run and qrels; ``judged``, a JSONL of ``(query, passages, grades)``. Each
-query's top ``--top`` candidates are ranked calibrated, in their given order and uncalibrated; the decision is
-printed (``--json``: its JSON, for ``decision=``) and kept like the content check's own, so the next ``capcal
-rerank`` or service on this model and these options ranks with it. What it saw (:mod:`.decision_report`): the
+query's top ``--top`` candidates are ranked calibrated, in their given order and uncalibrated (queries judged before
+on this model and these options are not ranked again: the decision pools them); the decision is printed (``--json``:
+its JSON, for ``decision=``) and kept like the content check's own, so the next ``capcal rerank``, service or
+``capcal decide`` on this model and these options goes on from it. What it saw (:mod:`.decision_report`): the
 queries calibrating helped and hurt most, listed, and in ``--out DIR`` the decision's JSON, each query's nDCG@10
 (TSV) and a plot of their differences (SVG).
 """
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace, reranker: Any, triples: list[tuple[str, list[A
 
     triples = read_triples(args) if triples is None else triples
     sys.stderr.write(f"capcal decide: ranking {len(triples)} judged queries three ways (calibrated, given order, "
-                     f"uncalibrated) on {reranker.model or 'the endpoint'}\n")
+                     f"uncalibrated; those judged before are pooled, not ranked again) on {reranker.model or 'the endpoint'}\n")
     decision = reranker.decide(triples)
     sys.stdout.write((decision.to_json() if args.json else str(decision)) + "\n")
     report(reranker, triples, decision, args.out or None, sys.stderr)

@@ -95,9 +95,13 @@ class ContentDecision:
     e_taste: float = 1.0  # the evidence that its with-query preferences are consistent ("cannot tell" needs TASTE_E)
     judged: int = 0  # decided from this many judged queries (CapCalReranker.decide; :mod:`.judged`), 0: label-free
     gain: float = 0.0  # judged: the mean nDCG@10 gain of calibrating over the given order
-    gain_low: float = 0.0  # judged: the lower end of its two-sided 95 % interval (> 0: calibrate)
+    gain_low: float = 0.0  # judged: the lower end of its 95 % confidence sequence (> 0: calibrate)
     gain_high: float = 0.0  # judged: its upper end
     uncalibrated_gain: float = 0.0  # judged: the uncalibrated method's mean nDCG@10 gain over the given order
+    # judged, the pooled record (absent from decisions saved before it was kept: then nothing is pooled with them)
+    judged_ids: tuple[str, ...] = ()  # the judged queries' identities in the order pooled (judged.judged_identity)
+    judged_scores: tuple[tuple[float, float, float], ...] = ()  # theirs: nDCG@10 calibrated, given, uncalibrated
+    crossed: int = 0  # the e-process against "no gain" reached 40 after this many judged queries (0: not yet)
     saved: bool = field(default=False, compare=False)  # loaded from a saved decision
 
     def __str__(self) -> str:
@@ -124,11 +128,20 @@ class ContentDecision:
         return f"content check on {self.lists} queries{' (saved)' if self.saved else ''} for {about}: {verdict}"
 
     def labels_note(self) -> str:
-        """What a decision from judged queries found, in one clause."""
-        verdict = (f"calibrated at alpha {self.alpha:g}" if self.reads else
-                   "kept in its given order (calibrating did not beat it; guard=None calibrates anyway)")
-        return (f"calibrating gains {self.gain:+.3f} nDCG@10 over the given order (95 % interval {self.gain_low:+.3f} "
-                f"to {self.gain_high:+.3f}; uncalibrated {self.uncalibrated_gain:+.3f}): {verdict}")
+        """What a decision from judged queries found, in one clause (the interval: :mod:`.judged`'s confidence
+        sequence, valid at any number of judged queries)."""
+        if self.reads:
+            verdict = f"calibrated at alpha {self.alpha:g}"
+        else:
+            verdict = ("kept in its given order (calibrating has not beaten it yet; more judged queries pool into the "
+                       "same test; guard=None calibrates anyway)")
+        if self.judged_scores:
+            test = (f"95 % anytime interval {self.gain_low:+.3f} to {self.gain_high:+.3f}, e = {self.e_value:.3g}"
+                    + (f", crossed 40 at query {self.crossed}" if self.crossed else ""))
+        else:  # saved before the record was kept: a fixed-n t interval
+            test = f"95 % t interval {self.gain_low:+.3f} to {self.gain_high:+.3f}, saved without its queries"
+        return (f"calibrating gains {self.gain:+.3f} nDCG@10 over the given order ({test}; uncalibrated "
+                f"{self.uncalibrated_gain:+.3f}): {verdict}")
 
     def to_json(self) -> str:
         values = asdict(self)

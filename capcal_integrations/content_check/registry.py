@@ -17,6 +17,7 @@ from ..errors import InputError
 from .check import ContentCheck
 from .decision import ContentDecision, Key, decision_key
 from .evidence import CAP
+from .judged import pooled
 from .rules import DEFAULT_RULE, RULES, ContentRule
 
 __all__ = ["MAX_CHECKS", "check_for", "check_of", "decision_of", "adopt"]
@@ -25,6 +26,7 @@ __all__ = ["MAX_CHECKS", "check_for", "check_of", "decision_of", "adopt"]
 #: The most checks an endpoint state keeps (one per key: option variants); what goes first: :func:`_cost`.
 MAX_CHECKS = 16
 _CHECKS_LOCK = threading.Lock()
+_ADOPT_LOCK = threading.Lock()  # a decision pooled and installed as one step (two decide() calls at once)
 
 
 def check_for(checks: dict[Key, ContentCheck], key: Key, saved: str | None = None, cap: int = CAP,
@@ -86,10 +88,18 @@ def decision_of(state: EndpointState, opts: Any) -> ContentDecision | None:
 def adopt(state: EndpointState, opts: Any, decision: ContentDecision, source: str = "adopted") -> ContentDecision:
     """Install ``decision`` (taken elsewhere, e.g. from judged queries) on the check of these options' key on this
     probed endpoint state, announced and saved like the check's own (:meth:`ContentCheck.settle`); an
-    :class:`~.errors.InputError` if it is about another key."""
+    :class:`~.errors.InputError` if it is about another key. A decision from judged queries is pooled with the
+    key's judged record in force (:func:`~.judged.pooled`: the queries judged before and the new ones in one
+    sequential test), not put in its place; without a record in force it replaces what is there. Returns the
+    decision in force."""
     key = _key(state, opts)
     if decision.key != key:
         raise InputError(f"the decision is about another model or other options than these ({dict(decision.key)} "
                          f"vs {dict(key)})")
     check = check_for(state.content, key, None, opts.check_lists, RULES[opts.guard or DEFAULT_RULE], state.decisions)
-    return check.settle(decision, source)
+    with _ADOPT_LOCK:
+        if decision.judged:
+            decision = pooled(check.decision, decision)
+            if decision is check.decision:
+                return decision  # nothing new: as it was
+        return check.settle(decision, source)
