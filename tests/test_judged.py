@@ -270,7 +270,8 @@ def test_decide_on_the_real_server_sets_and_keeps_a_decision_from_labels(server_
 
     monkeypatch.setenv("CAPCAL_DECISIONS_DIR", str(tmp_path))
     flea = [0, 3, 0, 1, 0]  # PASSAGES' grades for QUERY
-    lists = [(QUERY, PASSAGES[:4], flea[:4]), ("in a few words: " + QUERY, PASSAGES[1:5], flea[1:5]),  # QUERY + "?" is QUERY again
+    # QUERY + "?" would be QUERY again (a query's words, folded): the second question is another one
+    lists = [(QUERY, PASSAGES[:4], flea[:4]), ("in a few words: " + QUERY, PASSAGES[1:5], flea[1:5]),
              ("which fruit is rich in potassium", PASSAGES[:4], [0, 0, 3, 0]),
              ("where is the Eiffel Tower", PASSAGES[:4], [3, 0, 0, 0]),
              ("how did the stock market close on Tuesday", PASSAGES[1:5], [0, 0, 0, 3])]
