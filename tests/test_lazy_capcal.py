@@ -10,26 +10,15 @@ import random
 import pytest
 
 from capcal_integrations import CapCalReranker
-from capcal_integrations.endpoints import kind_of
 from capcal_integrations.reading import certified as certified_module
 from capcal_integrations.testbed import SimulatedEndpoint
 from capcal_integrations.testbed.endpoint import PassageIndex, SimulatedServer, _prompt_list
 from capcal_integrations.testbed.model import SCENARIOS
+from tests._compare import every_node
 from tests.fake_endpoint import clients, make_handler, no_completions
 
 DIALECTS = {"llama.cpp": {}, "vLLM": {"vllm": True}, "SGLang": {"sglang": True},
             "chat prefill": {"vllm": True, "fault": no_completions}}
-
-
-@contextlib.contextmanager
-def every_node(rr):
-    """The whole reading: the endpoint's kind read as one whose prompts cost nothing of their own (every node asked)."""
-    kind = kind_of(rr.capabilities())
-    kind.costly_prompts = False
-    try:
-        yield rr
-    finally:
-        del kind.costly_prompts
 
 
 def fake(dialect="llama.cpp", calls=None, **options):
