@@ -3,6 +3,7 @@ compute of its own (``Kind.costly_prompts``), against the whole reading (the sam
 the same order on every list, on the fake endpoint's dialects (random distributions: every node matters) and in a
 testbed replay over its scenarios (benchmarks/lazy_capcal.py is the same replay over 500+ lists)."""
 
+import asyncio
 import contextlib
 import json
 import random
@@ -53,6 +54,13 @@ def test_capcal_chooses_what_the_whole_reading_chooses(dialect, alpha, normalise
         assert_same_steps(lazy, whole)
         if dialect == "SGLang":  # a prefix cache by token: every node asked
             assert all(s.pruned == 0 for s in lazy.steps)
+
+
+def test_the_async_driver_runs_the_same_flow():
+    texts = [f"passage {i} about x {i * 7 % 5}" for i in range(10)]
+    sync = fake(alpha="adaptive").rerank("what is x", texts)
+    async_ = asyncio.run(fake(alpha="adaptive").arerank("what is x", texts))
+    assert async_.order == sync.order and [s.pruned for s in async_.steps] == [s.pruned for s in sync.steps]
 
 
 def test_the_log_form_is_read_whole():
