@@ -126,12 +126,15 @@ def _messages(template: Any, query: str, texts: list[str]) -> Any:
 #: identifier trie at each step (about 3 of 21 on a 20-passage list), renormalising at each node. ``async``: the
 #: same ranking through ``arerank``. ``every node``: vanilla asking every node of every step, as it did before its
 #: middle steps asked only the nodes their choice needs (``Kind.costly_prompts`` off for the row); ``lazy``: vanilla
-#: asking only those also where the kind says a step's prompts are cheap (SGLang; on for the row).
+#: asking only those also where the kind says a step's prompts are cheap (SGLang; on for the row). ``capcal, every
+#: node``: capcal asking every node, as it did before its middle steps asked only the nodes that certify their choice
+#: (issue 49); ``capcal, lazy``: capcal asking only those also where the kind says a step's prompts are cheap.
 METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
            ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}),
-           ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}), ("vanilla, lazy", "vanilla", {}))
+           ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}), ("vanilla, lazy", "vanilla", {}),
+           ("capcal, every node", "capcal", {}), ("capcal, lazy", "capcal", {}))
 #: The rows that read the endpoint's kind as one whose prompts each cost compute of their own (True) or not
-COSTLY = {"vanilla, every node": False, "vanilla, lazy": True}
+COSTLY = {"vanilla, every node": False, "vanilla, lazy": True, "capcal, every node": False, "capcal, lazy": True}
 ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
 ALL = ";".join(name for name, _, _ in METHODS)
 
@@ -255,10 +258,15 @@ def _same_orders(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
         if v in names and c in names:
             lines.append(f"capcal / vanilla{form or ', joint'}: median per list "
                          f"{statistics.median(r[c]['s'] / r[v]['s'] for r in rows):.2f}.")
-    for other in (x for x in COSTLY if "vanilla" in names and x in names):
-        same = sum(r["vanilla"]["order"] == r[other]["order"] for r in rows)
-        lines.append(f"vanilla: the order is the one of `{other}` on {same} of {len(rows)} lists; time of `{other}` / "
-                     f"vanilla's: median per list {statistics.median(r[other]['s'] / r['vanilla']['s'] for r in rows):.2f}.")
+    for other in (x for x in COSTLY if x in names and x.split(",")[0] in names):
+        m = other.split(",")[0]
+        same = sum(r[m]["order"] == r[other]["order"] for r in rows)
+        lines.append(f"{m}: the order is the one of `{other}` on {same} of {len(rows)} lists; time of `{other}` / "
+                     f"{m}'s: median per list {statistics.median(r[other]['s'] / r[m]['s'] for r in rows):.2f}.")
+    if "capcal" in names and "vanilla" in names:
+        lines.append("capcal / vanilla, per list: " + ", ".join(f"{r['capcal']['s'] / r['vanilla']['s']:.2f}" for r in rows)
+                     + "; capcal / one generating request: " + ", ".join(
+                         f"{r['capcal']['s'] / r['generating_s']:.2f}" for r in rows) + ".")
     for m in ("vanilla", "capcal"):
         t = f"{m}, trie"
         if m in names and t in names and all("order" in r[m] and "order" in r[t] for r in rows):

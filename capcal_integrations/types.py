@@ -67,7 +67,10 @@ class Step:
     calibrated scores (equal to ``p`` for vanilla), ``chosen`` the input index picked. ``pruned``: how many
     candidates' ``p`` are upper bounds because they could not be chosen (vanilla's middle steps ask only the
     nodes the choice needs; the choice is the exact joint form's, the chosen one's ``p`` exact, the others'
-    renormalised shares and the entropy then approximate).
+    renormalised shares and the entropy then approximate). In capcal's middle steps (additive form) it counts the
+    candidates not read through on the real or the empty stream: the choice is certified to be the whole
+    reading's, and ``p``, ``q``, ``scores``, ``alpha`` and ``entropy`` are computed with every candidate at its
+    upper bound (the chosen one's share an estimate; docs/endpoints.md, Exactness).
     """
 
     candidates: tuple[int, ...]

@@ -39,7 +39,7 @@ def test_a_plain_import_loads_the_core_alone():
     # the core, and nothing else: a new core module is added here on purpose (ARCHITECTURE.md draws them)
     folders = {
         "": ("", "_moved", "errors", "options", "option_values", "redaction", "reranker", "tuning", "types"),
-        "calibration": ("", "formulas", "strength"),
+        "calibration": ("", "certify", "formulas", "strength"),
         "content_check": ("", "check", "registry", "decision", "judged", "attempts", "rules", "contrast", "evidence",
                           "query_contrast", "saved_decisions", "saved_readings", "saved_folder", "typed_json",
                           "betting"),
@@ -49,7 +49,7 @@ def test_a_plain_import_loads_the_core_alone():
                       "slots"),
         "prompts": ("", "render", "untrusted", "files"),
         "ranking": ("", "strategies", "decoding", "fitting", "depth", "deadline", "progress", "orders"),
-        "reading": ("", "readers", "labels", "textlabels"),
+        "reading": ("", "readers", "certified", "labels", "textlabels"),
     }
     core = {".".join(p for p in (folder, m) if p) for folder, names in folders.items() for m in names}
     assert set(ours) == {"capcal_integrations" + (f".{m}" if m else "") for m in core}, ours

@@ -30,6 +30,7 @@ from capcal_integrations.ranking.depth import borda_decoded, window_depths
 from capcal_integrations.ranking.orders import borda
 from capcal_integrations.ranking.strategies import rerank_flow
 from capcal_integrations.transport.drivers import run_async, run_sync
+from tests._compare import every_node
 from tests.fake_endpoint import make_handler
 
 PASSAGES = [f"passage number {i} about topic {i % 3}" for i in range(8)]
@@ -170,12 +171,14 @@ def test_deadline_returns_decided_places_and_the_rest_in_first_stage_order(mode)
     # The fake endpoint answers the probe's and the first two steps' requests at once (counted on a ranking decoded
     # to depth 2: the endpoint is deterministic), then takes 2 s per answer: the deadline passes during the third
     # step, however loaded the machine (it once passed before the first step with a fixed 0.15 s per answer).
+    # Every node asked (capcal's middle steps would ask theirs in up to three rounds, the second step's as well)
     counted: list = []
     _reranker(make_handler(calls=counted), method="capcal", depth=2).rerank("q", PASSAGES)
     first_two = sum(c.url.path == "/v1/completions" for c in counted)
     rr = _reranker(method="capcal", delay=2.0, after=first_two, deadline=1.0)
     started = time.monotonic()
-    ranking = rr.rerank("q", PASSAGES) if mode == "sync" else asyncio.run(rr.arerank("q", PASSAGES))
+    with every_node(rr):
+        ranking = rr.rerank("q", PASSAGES) if mode == "sync" else asyncio.run(rr.arerank("q", PASSAGES))
     elapsed = time.monotonic() - started
     assert elapsed < 1.0 + 0.3, elapsed  # each request is bounded by the time left
     assert ranking.partial and ranking.decoded == 2, ranking

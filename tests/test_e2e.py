@@ -5,8 +5,10 @@ structure, orderings and tolerances, never on exact floats (server logprobs drif
 """
 
 import asyncio
+import gzip
 import json
 import math
+import pathlib
 import socket
 import threading
 
@@ -24,7 +26,7 @@ from capcal_integrations import (
 from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.files import prompt_text
 from capcal_integrations.prompts.render import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
-from tests._compare import assert_same_order_up_to_ties, assert_same_ranking
+from tests._compare import assert_same_order_up_to_ties, assert_same_ranking, every_node
 from tests._samples import PASSAGES, QUERY
 
 pytestmark = pytest.mark.e2e
@@ -212,7 +214,8 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses(rr):
     # each step chooses the label the whole reading ranks first, up to the server's drift on a near-tie.
     passages = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
     lazy = rr.with_options(method="vanilla").rerank(QUERY, passages)
-    whole = rr.with_options(method="capcal", alpha=0.0).rerank(QUERY, passages)
+    with every_node(rr.with_options(method="capcal", alpha=0.0)) as whole_rr:  # capcal's own middle steps: lazy too
+        whole = whole_rr.rerank(QUERY, passages)
     assert sorted(lazy.order) == list(range(12)) and len(lazy.steps) == len(whole.steps) == 11
     assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0 and sum(s.pruned for s in lazy.steps) > 0
     for a, b in zip(lazy.steps, whole.steps):
@@ -220,6 +223,34 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses(rr):
             break  # a near-tie went the other way: the prefixes differ from here on
         assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - 0.02, (a.chosen, b.chosen, b.p)
     assert lazy.steps[1].candidates == whole.steps[1].candidates  # the first step is read whole by both
+
+
+def dl19_lists():
+    """The DL19 lists of tests/fixtures/tiny-dl (3 queries x 5 BM25 candidates)."""
+    path = pathlib.Path(__file__).parent / "fixtures" / "tiny-dl" / "candidates.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [(t["query"], [c["text"] for c in t["candidates"]]) for t in map(json.loads, f)]
+
+
+def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_dl19(rr):
+    # capcal's middle steps ask only the nodes that certify their choice (reading.certified); the whole reading is
+    # the same reranker with every node asked. The same orders, up to the server's drift on a near-tie (a step's
+    # prompts batched otherwise may answer a few hundredths of a nat apart)
+    lazy_rr = rr.with_options(method="capcal", alpha="adaptive")
+    pruned = 0
+    for query, passages in dl19_lists()[:2]:
+        lazy = lazy_rr.rerank(query, passages)
+        with every_node(lazy_rr) as whole_rr:
+            whole = whole_rr.rerank(query, passages)
+        assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0
+        pruned += sum(s.pruned for s in lazy.steps)
+        if lazy.order == whole.order:
+            continue
+        for a, b in zip(lazy.steps, whole.steps):
+            if a.chosen != b.chosen:  # a near-tie went the other way
+                assert b.scores[b.candidates.index(a.chosen)] >= max(b.scores) - 0.02, (query, a, b)
+                break
+    assert pruned > 0
 
 
 def test_sliding_window_over_a_long_list(rr):

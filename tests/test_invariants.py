@@ -232,7 +232,9 @@ def test_vllm_gets_token_id_prompt_lists_one_request_per_step_and_stream():
     calls.clear()
     ranking = rr.rerank("q", [f"p{i}" for i in range(12)])  # [10]..[12]: labels of 4 tokens
     bodies = _completion_bodies(calls)
-    assert len(bodies) == 2 * len(ranking.steps)  # one prompt list per stream per decoding step
+    # one prompt list per stream and round: one round a step read whole (the first and the last), up to three where a
+    # middle step asks the nodes that certify its choice (test_lazy_capcal.py)
+    assert 2 * len(ranking.steps) <= len(bodies) <= 2 * 3 * len(ranking.steps)
     for body in bodies:
         assert all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in body["prompt"])
         assert body["return_tokens_as_token_ids"] and body["logprob_token_ids"]

@@ -2,8 +2,9 @@
 where each prompt of a step costs compute of its own (``Kind.costly_prompts``: llama.cpp, vLLM, chat prefill; not
 SGLang's prompt lists), against the fake endpoint (random distributions, where every node matters); the real model's
 check is in
-test_e2e.py. The full reading to compare with is ``capcal`` at ``alpha=0``: the same real stream read whole at
-every step, whose calibrated scores are ``p`` itself."""
+test_e2e.py. The full reading to compare with is ``capcal`` at ``alpha=0`` asking every node (its own middle steps
+are lazy too: test_lazy_capcal.py): the same real stream read whole at every step, whose calibrated scores are ``p``
+itself."""
 
 import json
 import math
@@ -11,6 +12,7 @@ import math
 import pytest
 
 from capcal_integrations import CapCalReranker
+from tests._compare import every_node
 from tests.fake_endpoint import clients, make_handler, no_completions
 
 DIALECTS = {"llama.cpp": {}, "vLLM": {"vllm": True}, "SGLang": {"sglang": True},
@@ -31,7 +33,8 @@ def reranker(dialect="llama.cpp", calls=None, **options):
 def test_vanilla_chooses_what_the_full_joint_reading_chooses(n, query, dialect):
     texts = [f"passage {i} about {query} {i * i}" for i in range(n)]
     lazy = reranker(dialect, method="vanilla").rerank(query, texts)
-    full = reranker(dialect, method="capcal", alpha=0.0).rerank(query, texts)
+    with every_node(reranker(dialect, method="capcal", alpha=0.0)) as rr:  # capcal's own middle steps: lazy too
+        full = rr.rerank(query, texts)
     assert lazy.order == full.order
     for k, (a, b) in enumerate(zip(lazy.steps, full.steps, strict=True)):
         assert a.candidates == b.candidates and a.chosen == b.chosen
@@ -53,7 +56,8 @@ def test_unasked_labels_hold_upper_bounds_and_fewer_nodes_are_asked(dialect):
     query, texts = "what is x", [f"passage {i} about x {i * 7 % 5}" for i in range(20)]
     lazy_calls, full_calls = [], []
     lazy = reranker(dialect, calls=lazy_calls, method="vanilla").rerank(query, texts)
-    reranker(dialect, calls=full_calls, method="capcal", alpha=0.0).rerank(query, texts)
+    with every_node(reranker(dialect, calls=full_calls, method="capcal", alpha=0.0)) as rr:
+        rr.rerank(query, texts)
     assert sum(s.pruned for s in lazy.steps) > 0
     prompts = [_prompts(c) for c in (lazy_calls, full_calls)]
     assert prompts[0] < prompts[1] / 2  # the full reading's real stream alone is half its prompts

@@ -16,7 +16,7 @@ import pytest
 from capcal_integrations import CapCalReranker
 from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.render import RANK_ZEPHYR, clean_passage, labels, render
-from tests._compare import VLLM_DRIFT, assert_same_ranking
+from tests._compare import VLLM_DRIFT, assert_same_ranking, every_node
 from tests._samples import PASSAGES, QUERY
 
 ELEVEN = PASSAGES + ["Fleas are small flightless insects.", "Paris is the capital of France.",
@@ -55,8 +55,8 @@ def test_every_method_ranks_through_vllm(rr, sent, options):
         return
     streams = 2 if "capcal" in options["method"] else 1
     lists = [r for r in sent if r.url.path.endswith("/completions")]
-    if options["method"] == "vanilla":  # its middle steps ask the nodes their choice needs, in up to three lists
-        assert len(ranking.steps) < len(lists) - len(ranking.checked) <= 3 * len(ranking.steps)
+    if options["method"] in ("vanilla", "capcal"):  # middle steps ask the nodes their choice needs, up to three rounds
+        assert len(ranking.steps) * streams <= len(lists) - len(ranking.checked) <= 3 * streams * len(ranking.steps)
         assert ranking.steps[0].pruned == ranking.steps[-1].pruned == 0  # the first and last read whole, in one list
     else:  # one token-id prompt list per decoding step and stream, and one per list read for the content check
         assert len(lists) == streams * len(ranking.steps) + len(ranking.checked)
@@ -72,7 +72,8 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr,
     lazy = rr.with_options(method="vanilla").rerank(QUERY, passages)
     lazy_prompts = _prompts(sent)
     sent.clear()
-    whole = rr.with_options(method="capcal", alpha=0.0).rerank(QUERY, passages)
+    with every_node(rr.with_options(method="capcal", alpha=0.0)) as whole_rr:  # capcal's own middle steps: lazy too
+        whole = whole_rr.rerank(QUERY, passages)
     whole_prompts = _prompts(sent)
     assert sorted(lazy.order) == list(range(12)) and len(lazy.steps) == len(whole.steps) == 11
     assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0 and sum(s.pruned for s in lazy.steps) > 0

@@ -25,6 +25,7 @@ from ..endpoints import generate, kind_of, tokenize
 from ..endpoints.calls import EndpointState, Flow, Token
 from ..options import Options
 from ..prompts.render import QUERY_PLACEHOLDER, labels, render_prompt
+from ..reading.certified import CertifiedScores, certified_labels
 from ..reading.labels import LabelScores, label_logprobs
 from ..reading.readers import Reader, reader_of
 from ..reading.textlabels import generated_label_logprobs, parse_ranking, text_label_logprobs
@@ -79,6 +80,16 @@ def _by_token_ids(state: EndpointState, opts: Options, streams: Sequence[Any], a
     paths = [_tokens(state, _label_spellings(opts, label, first)) for label in allowed]
     return label_logprobs(state, [(m, prefix) for m in streams], paths, form=opts.probability, top=opts.top_logprobs,
                           shared=not opts.normalise, render=opts.prompt, best_only=best_only)
+
+
+def _certified(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
+               chosen: Sequence[str]) -> Flow[CertifiedScores]:
+    """CapCal's middle step from the nodes its choice needs (:mod:`..reading.certified`), the additive form."""
+    prefix = _tokens(state, _prefix_spellings(opts, chosen))
+    paths = [_tokens(state, _label_spellings(opts, label, not chosen)) for label in allowed]
+    alpha = None if opts.alpha == "adaptive" else 1.0 if opts.alpha == "auto" else float(opts.alpha)
+    return certified_labels(state, (streams[0], streams[1]), prefix, paths, alpha=alpha, normalise_shares=opts.normalise,
+                            top=opts.top_logprobs, shared=not opts.normalise, render=opts.prompt)
 
 
 def _by_token_texts(state: EndpointState, opts: Options, streams: Sequence[Any], allowed: Sequence[str],
@@ -156,16 +167,23 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
     order, confidence, steps, prior, bounds = [], [0.0] * n, [], None, 0
     while len(remaining) > 1 and (depth is None or len(order) < depth):
         streams = [real] + ([empty] if empty else [])
-        # vanilla's middle steps need only the best label exact (labels.label_logprobs' best_only), where each node
+        # a middle step needs only the choice certain (vanilla: the best label exact, labels.label_logprobs'
+        # best_only; capcal's additive form: the choice certified by bounds, reading.certified), where each node
         # prompt costs compute of its own (Kind.costly_prompts): not the first step (read whole for the records:
-        # the eval's first step), nor the last before the depth (the order below it) or of the list (then every
-        # passage's p in details() is exact)
-        lazy = (empty is None and reader.route == "prefix" and opts.probability == "joint" and bool(order)
+        # the eval's first step, the prior), nor the last before the depth (the order below it) or of the list
+        # (then every passage's p in details() is exact)
+        lazy = (reader.route == "prefix" and opts.probability == "joint" and bool(order)
+                and (empty is None or opts.calibration == "additive")
                 and kind_of(state.caps).costly_prompts and len(remaining) > 2 and (depth is None or len(order) + 1 < depth))
+        certain = None  # the certified choice of a lazy capcal step
         try:
             allowed = [ids[i] for i in remaining]
-            scored = yield from (_by_token_ids(state, opts, streams, allowed, chosen_labels, best_only=True) if lazy
-                                 else _READ[reader.route](state, opts, streams, allowed, chosen_labels))
+            if lazy and empty is not None:
+                read = yield from _certified(state, opts, streams, allowed, chosen_labels)
+                scored, certain = [read.real, read.empty], read.chosen
+            else:
+                scored = yield from (_by_token_ids(state, opts, streams, allowed, chosen_labels, best_only=True) if lazy
+                                     else _READ[reader.route](state, opts, streams, allowed, chosen_labels))
         except DeadlinePassed:  # what is decided so far (.deadline)
             return Window(order + remaining, confidence, steps, prior, bounds, decoded=len(order), partial=True)
         # renormalised over the labels: entropy, the adaptive rate and the prior always use these
@@ -181,7 +199,7 @@ def rank_window(state: EndpointState, opts: Options, query: str, texts: list[str
         bounds += sum(x.upper_bounds for x in scored)
         share = shares(s)
         ranked = order_of_scores(s)
-        best = ranked[0]
+        best = ranked[0] if certain is None else certain  # certified: the same at every point of the bounds' box
         steps.append(Step(tuple(remaining), tuple(p), q and tuple(q), tuple(s), alpha, entropy(shares_p), remaining[best],
                           upper_bounds=bounds, pruned=scored[0].pruned))
         if first_only:

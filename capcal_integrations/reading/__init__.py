@@ -6,5 +6,5 @@ it instead of comparing route names.
 ``labels.py``: from the served model's token ids (the identifier trie, the nodes to ask, joint or
 per-node probabilities). ``textlabels.py``: from token *texts* where ids are not exposed (hosted APIs,
 Ollama), a walk read through the endpoint kind's next tokens or along the model's own answer, and a
-generated ranking parsed.
+generated ranking parsed. ``certified.py``: capcal's middle steps from the nodes a certified choice needs.
 """

@@ -41,7 +41,7 @@ Path = tuple[Token, ...]
 BAND = 0.5
 Answer = tuple[TokenLogprobs, float]  # the wanted tokens found, and the floor (an upper bound for the rest)
 
-__all__ = ["label_trie", "nodes_to_ask", "score_labels", "label_logprobs", "LabelScores"]
+__all__ = ["label_trie", "nodes_to_ask", "score_labels", "label_logprobs", "largest_top", "to_ask_again", "LabelScores"]
 
 
 @dataclass(frozen=True)
@@ -158,11 +158,10 @@ def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path
         queries = [Query(messages, prefix + node, tuple(children[node]), render)
                    for messages, prefix in contexts for node in ask]
         if queries:  # asked once at ``top``; those missing a wanted token again at the endpoint's largest top-k
-            largest = state.caps.max_top_logprobs if state.caps else top
-            found = yield from next_token_logprobs(state, queries, min(top, largest))
-            retry = [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
-            if retry and largest > top and not (state.caps and state.caps.logprob_token_ids):  # else: exactly the wanted
-                again = yield from next_token_logprobs(state, [queries[i] for i in retry], largest)
+            found = yield from next_token_logprobs(state, queries, min(top, largest_top(state, top)))
+            retry = to_ask_again(state, queries, found, top)
+            if retry:
+                again = yield from next_token_logprobs(state, [queries[i] for i in retry], largest_top(state, top))
                 for i, answer in zip(retry, again):
                     found[i] = answer
             for c, known in enumerate(answers):
@@ -181,6 +180,20 @@ def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path
         near = best if band else max(best, values.logprobs[first] - BAND)
         band = True
         ask = list(dict.fromkeys(node for j, nodes in enumerate(missing) if values.logprobs[j] >= near for node in nodes))
+
+
+def largest_top(state: EndpointState, top: int) -> int:
+    """The endpoint's largest top-k (``top`` before the probe)."""
+    return state.caps.max_top_logprobs if state.caps else top
+
+
+def to_ask_again(state: EndpointState, queries: Sequence[Query], found: Sequence[Answer], top: int) -> list[int]:
+    """The queries to ask again at :func:`largest_top`: those whose answer at ``top`` missed a wanted token, where
+    the endpoint has a larger top-k and cannot return exactly the wanted tokens. (Not a flow: the caller yields,
+    so a request is sent from no deeper a stack of generators.)"""
+    if largest_top(state, top) <= top or (state.caps and state.caps.logprob_token_ids):
+        return []
+    return [i for i, (got, _) in enumerate(found) if len(got) < len(queries[i].want)]
 
 
 def logsumexp(values: Sequence[float]) -> float:

@@ -1,0 +1,153 @@
+"""CapCal's middle steps ask only the trie nodes a certified choice needs (reading/certified.py) where each prompt costs
+compute of its own (``Kind.costly_prompts``), against the whole reading (the same reranker with every node asked):
+the same order on every list, on the fake endpoint's dialects (random distributions: every node matters) and in a
+testbed replay over its scenarios (benchmarks/lazy_capcal.py is the same replay over 500+ lists)."""
+
+import asyncio
+import contextlib
+import json
+import random
+
+import pytest
+
+from capcal_integrations import CapCalReranker
+from capcal_integrations.reading import certified as certified_module
+from capcal_integrations.testbed import SimulatedEndpoint
+from capcal_integrations.testbed.endpoint import PassageIndex, SimulatedServer, _prompt_list
+from capcal_integrations.testbed.model import SCENARIOS
+from tests._compare import every_node
+from tests.fake_endpoint import clients, make_handler, no_completions
+
+DIALECTS = {"llama.cpp": {}, "vLLM": {"vllm": True}, "SGLang": {"sglang": True},
+            "chat prefill": {"vllm": True, "fault": no_completions}}
+
+
+def fake(dialect="llama.cpp", calls=None, **options):
+    sync, async_ = clients(make_handler(calls=calls, **DIALECTS[dialect]))
+    rr = CapCalReranker(client=sync, async_client=async_, guard=None, method="capcal", **options)
+    rr.capabilities()
+    if calls is not None:
+        calls.clear()
+    return rr
+
+
+def assert_same_steps(lazy, whole):
+    assert lazy.order == whole.order
+    for a, b in zip(lazy.steps, whole.steps, strict=True):
+        assert a.candidates == b.candidates and a.chosen == b.chosen
+        j = a.candidates.index(a.chosen)
+        assert max(range(len(a.scores)), key=lambda i: (a.scores[i], -i)) == j  # the scores at the bounds agree
+        if not a.pruned:
+            assert a.p == pytest.approx(b.p, abs=1e-12) and a.q == pytest.approx(b.q, abs=1e-12)
+    assert lazy.steps[0].pruned == 0 and lazy.steps[-1].pruned == 0  # read whole: the prior, every passage's p
+
+
+@pytest.mark.parametrize("dialect, alpha, normalise", [
+    *((d, "adaptive", True) for d in DIALECTS), ("llama.cpp", 1.0, True), ("llama.cpp", "adaptive", False),
+    ("vLLM", 2.0, False)])
+def test_capcal_chooses_what_the_whole_reading_chooses(dialect, alpha, normalise):
+    for n, query in [(14, "what is x"), (6, "z")]:
+        texts = [f"passage {i} about {query} {i * 7 % 5}" for i in range(n)]
+        lazy = fake(dialect, alpha=alpha, normalise=normalise).rerank(query, texts)
+        with every_node(fake(dialect, alpha=alpha, normalise=normalise)) as rr:
+            whole = rr.rerank(query, texts)
+        assert_same_steps(lazy, whole)
+        if dialect == "SGLang":  # a prefix cache by token: every node asked
+            assert all(s.pruned == 0 for s in lazy.steps)
+
+
+def test_the_async_driver_runs_the_same_flow():
+    texts = [f"passage {i} about x {i * 7 % 5}" for i in range(10)]
+    sync = fake(alpha="adaptive").rerank("what is x", texts)
+    async_ = asyncio.run(fake(alpha="adaptive").arerank("what is x", texts))
+    assert async_.order == sync.order and [s.pruned for s in async_.steps] == [s.pruned for s in sync.steps]
+
+
+def test_the_log_form_is_read_whole():
+    texts = [f"passage {i} about x {i * 7 % 5}" for i in range(12)]
+    ranking = fake(alpha=1.0, calibration="log").rerank("what is x", texts)
+    assert all(s.pruned == 0 for s in ranking.steps)
+
+
+def test_both_streams_go_in_each_round_and_a_step_asks_at_most_three_rounds():
+    calls = []
+    rr = fake("llama.cpp", calls=calls, alpha=1.0)
+    ranking = rr.rerank("what is x", [f"passage {i} about x {i * 7 % 5}" for i in range(20)])
+    bodies = [json.loads(c.content) for c in calls if c.url.path == "/v1/completions"]
+    # llama.cpp: one request per stream and round (a second at the largest top-k where a wanted token was missing)
+    assert len(ranking.steps) < len(bodies) <= 2 * 2 * 3 * len(ranking.steps)
+
+
+# ------------------------------------------------------------------ testbed replay
+
+WORDS = "fleas cats dogs river mountain city sun moon star tree leaf rock salt iron gold rain snow wind".split()
+PEAKED = SCENARIOS["no-delta"].replace(prior=tuple(3 * x for x in SCENARIOS["no-delta"].prior), name="peaked-prior")
+#: name -> (model, content slope, list lengths)
+REPLAY = {"flat": (SCENARIOS["no-delta"], 0.3, (20,)), "peaked prior": (PEAKED, 3.0, (20,)),
+          "ties": (SCENARIOS["ties"], 1.0, (20,)), "heavy tails": (SCENARIOS["heavy-tails"], 1.0, (20,)),
+          "mixed lengths": (SCENARIOS["delta-0.5b"], 1.0, (3, 7, 13, 30)),
+          "windows of a 100-passage list": (SCENARIOS["noise-scale-1"], 1.0, (100,))}
+
+
+class Counting(SimulatedServer):
+    """The testbed's server, counting the prompts (trie nodes) it is asked."""
+
+    asked = 0
+
+    def _completions(self, body):
+        self.asked += len(_prompt_list(body.get("prompt")))
+        return super()._completions(body)
+
+
+def synthetic(k, lengths, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for q in range(k):
+        n = lengths[q % len(lengths)]
+        passages = [f"{WORDS[(q + i) % len(WORDS)].title()} passage {q}-{i}: " + " ".join(rng.choice(WORDS) for _ in range(9))
+                    for i in range(n)]
+        out.append((f"query {seed}-{q}", passages, [rng.choice((0, 0, 0, 1, 2, 3)) for _ in range(n)]))
+    return out
+
+
+def replay(name, alpha, k, seed=0, **options):
+    """(lists, identical orders, nodes asked lazily, nodes asked by the whole reading) of one scenario."""
+    model, s, lengths = REPLAY[name]
+    data = synthetic(k, lengths, seed)
+    server = Counting(PassageIndex(data), model.replace(s=s, seed=seed))
+    endpoint = SimulatedEndpoint(server)
+    asked = []
+    orders = []
+    for lazy in (True, False):
+        rr = endpoint.reranker(method="capcal", alpha=alpha, guard=None, **options)
+        before = server.asked
+        with contextlib.nullcontext(rr) if lazy else every_node(rr):
+            orders.append([rr.rerank(q, p).order for q, p, _ in data])
+        asked.append(server.asked - before)
+    return len(data), sum(a == b for a, b in zip(*orders)), asked[0], asked[1]
+
+
+@pytest.mark.parametrize("alpha", [1.0, "adaptive"])
+@pytest.mark.parametrize("name", REPLAY)
+def test_testbed_replay_the_same_orders_from_fewer_nodes(name, alpha):
+    k = 1 if name.startswith("windows") else 4
+    lists, same, lazy, whole = replay(name, alpha, k, seed=3)
+    assert same == lists
+    assert lazy < whole
+
+
+def test_testbed_replay_the_raw_form():
+    lists, same, lazy, whole = replay("peaked prior", "adaptive", 3, seed=5, normalise=False)
+    assert same == lists and lazy < whole
+
+
+def test_a_wrong_rival_bound_changes_an_order(monkeypatch):
+    """The replay catches a certificate fed wrong bounds: unread labels' upper bounds taken at a quarter."""
+    exact = certified_module._box
+
+    def shrunk(logprobs, missing, normalise_shares):
+        return [(lo, hi if lo == hi else hi / 4) for lo, hi in exact(logprobs, missing, normalise_shares)]
+
+    monkeypatch.setattr(certified_module, "_box", shrunk)
+    lists, same, _, _ = replay("flat", "adaptive", 4, seed=3)
+    assert same < lists
