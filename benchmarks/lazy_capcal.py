@@ -33,10 +33,10 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from capcal_integrations.endpoints import kind_of  # noqa: E402
 from capcal_integrations.testbed import SimulatedEndpoint  # noqa: E402
 from capcal_integrations.testbed.endpoint import PassageIndex, SimulatedServer, _prompt_list  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
+from capcal_integrations.testing import every_node  # noqa: E402
 
 WORDS = "fleas cats dogs river mountain city sun moon star tree leaf rock salt iron gold rain snow wind".split()
 PEAKED = SCENARIOS["no-delta"].replace(prior=tuple(3 * x for x in SCENARIOS["no-delta"].prior), name="peaked-prior")
@@ -57,14 +57,7 @@ class Counting(SimulatedServer):
         return super()._completions(body)
 
 
-@contextlib.contextmanager
-def every_node(rr):
-    kind = kind_of(rr.capabilities())
-    kind.costly_prompts = False
-    try:
-        yield rr
-    finally:
-        del kind.costly_prompts
+
 
 
 def synthetic(k: int, lengths: tuple[int, int], seed: int) -> list[tuple[str, list[str], list[int]]]:

@@ -8,11 +8,8 @@ So orders must agree except where the model was at a near-tie, and scores within
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
-from capcal_integrations import CapCalReranker, Ranking
-from capcal_integrations.endpoints import kind_of
+from capcal_integrations import Ranking
+from capcal_integrations.testing import every_node  # noqa: F401 (the tests import it from here)
 
 #: How far the model's own probabilities (``Step.p`` and ``Step.q``) of two runs may differ: the
 #: server's drift, about 0.01 nat, more when concurrent requests are batched together.
@@ -96,13 +93,4 @@ def assert_same_order_up_to_ties(got: Ranking, want: Ranking, tol: float = TIE) 
                     assert abs(ranking.scores[i] - ranking.scores[j]) <= gap, (got.order, want.order, i, j)
 
 
-@contextlib.contextmanager
-def every_node(rr: CapCalReranker) -> Iterator[CapCalReranker]:
-    """The whole reading to compare a lazy one with: the endpoint's kind read as one whose prompts cost nothing of
-    their own (``Kind.costly_prompts`` off), so every step asks every trie node (as benchmarks/floor.py's rows do)."""
-    kind = kind_of(rr.capabilities())
-    kind.costly_prompts = False
-    try:
-        yield rr
-    finally:
-        del kind.costly_prompts
+

@@ -52,6 +52,11 @@ not a double, and is not imported here.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..endpoints import kind_of
 from .endpoint import (
     SPECIAL,
     VOCAB,
@@ -67,4 +72,18 @@ from .endpoint import (
 from .loopback import Loopback, Seen
 
 __all__ = ["make_handler", "clients", "hosted", "Loopback", "Seen", "Handler", "tokenize", "decode",
-           "split_prompt", "tokenized_texts", "VOCAB", "SPECIAL"]
+           "split_prompt", "tokenized_texts", "VOCAB", "SPECIAL", "every_node"]
+
+
+@contextlib.contextmanager
+def every_node(reranker: Any) -> Iterator[Any]:
+    """``reranker`` reading every identifier-trie node at every step while in the block: the whole reading a lazy one
+    (vanilla's and capcal's middle steps, which ask only the nodes their choice needs) is compared with. The endpoint's
+    kind is read as one whose prompts cost nothing of their own (``Kind.costly_prompts`` off), as
+    ``benchmarks/floor.py``'s "every node" rows do; restored after the block."""
+    kind = kind_of(reranker.capabilities())
+    kind.costly_prompts = False
+    try:
+        yield reranker
+    finally:
+        del kind.costly_prompts
