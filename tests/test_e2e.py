@@ -60,7 +60,8 @@ def test_capcal_steps_feed_both_streams_the_same_prefix_and_shrink(server_url):
     sent = []
     http = httpx2.Client(event_hooks={"request": [lambda request: sent.append(request)]})
     rr = CapCalReranker(client=openai.OpenAI(base_url=server_url, api_key="x", http_client=http), guard=None)
-    ranking = rr.rerank(QUERY, PASSAGES)
+    with every_node(rr):  # the whole reading's transport (its middle steps are lazy otherwise: test_lazy_capcal.py)
+        ranking = rr.rerank(QUERY, PASSAGES)
     steps = ranking.steps
     assert [len(s.candidates) for s in steps] == [5, 4, 3, 2]
     assert [s.chosen for s in steps] == list(ranking.order[:4])
