@@ -54,7 +54,6 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError('langchain_ext needs LangChain: pip install "capcal-integrations[langchain]"') from err
 
 from capcal_integrations import CapCalReranker, InputError, Ranking
-from capcal_integrations.content_check.decision import ContentDecision
 from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 from capcal_integrations.integrations.judging import judged_lists, pair_questions
 
@@ -101,16 +100,6 @@ class CapCalRerank(RerankerSettings, BaseDocumentCompressor):
         """Async :meth:`judged`: ``retriever.ainvoke``."""
         questions = pair_questions(dataset)
         return judged_lists(questions, [await retriever.ainvoke(q.text) for q in questions], _keys, _text)
-
-    def decide(self, retriever: Any, dataset: Any) -> ContentDecision:
-        """Decide from ``dataset``'s labels whether to calibrate this model, with ``retriever`` as the first stage:
-        :meth:`judged`'s triples through :meth:`CapCalReranker.decide <capcal_integrations.CapCalReranker.decide>`
-        with this compressor's reranker and options. The decision is kept like the content check's own."""
-        return self.reranker.decide(self.judged(retriever, dataset))
-
-    async def adecide(self, retriever: Any, dataset: Any) -> ContentDecision:
-        """Async :meth:`decide`."""
-        return await self.reranker.adecide(await self.ajudged(retriever, dataset))
 
     def as_runnable(self, *, query_key: str = "query", documents_key: str = "documents") -> RunnableLambda:
         """This reranking as a Runnable: ``{query_key: str, documents_key: [Document]}`` -> ``[Document]``.

@@ -50,7 +50,6 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by th
     ) from err
 
 from capcal_integrations import CapCalReranker, InputError, Ranking
-from capcal_integrations.content_check.decision import ContentDecision
 from capcal_integrations.integrations.adapter import METADATA_KEY, RerankerSettings, metadata_key, rerank_summary
 from capcal_integrations.integrations.judging import judged_lists, qa_dataset_questions
 
@@ -116,16 +115,6 @@ class CapCalRerank(RerankerSettings, BaseNodePostprocessor):
         """Async :meth:`judged`: ``retriever.aretrieve``."""
         questions = qa_dataset_questions(dataset)
         return judged_lists(questions, [await retriever.aretrieve(q.text) for q in questions], _keys, self._text)
-
-    def decide(self, retriever: Any, dataset: Any) -> ContentDecision:
-        """Decide from ``dataset``'s labels whether to calibrate this model, with ``retriever`` as the first stage:
-        :meth:`judged`'s triples through :meth:`CapCalReranker.decide <capcal_integrations.CapCalReranker.decide>`
-        with this postprocessor's reranker and options. The decision is kept like the content check's own."""
-        return self.reranker.decide(self.judged(retriever, dataset))
-
-    async def adecide(self, retriever: Any, dataset: Any) -> ContentDecision:
-        """Async :meth:`decide`."""
-        return await self.reranker.adecide(await self.ajudged(retriever, dataset))
 
     def _text(self, scored: NodeWithScore) -> str:
         return scored.node.get_content(metadata_mode=self.metadata_mode)

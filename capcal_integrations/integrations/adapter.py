@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
+from ..content_check.decision import ContentDecision
 from ..errors import InputError
 from ..options import OPTION_NAMES, Options
 from ..prompts.render import PromptTemplate  # noqa: F401 - in the signature IDEs see
@@ -221,6 +222,17 @@ class RerankerSettings(_RankingOptions):
 
         with tqdm(desc=f"capcal: ranking {passages} passages", unit=" requests", leave=False) as bar:
             yield lambda asked: bar.update(asked - bar.n)
+
+    def decide(self, retriever: Any, dataset: Any) -> ContentDecision:
+        """Decide from ``dataset``'s labels whether to calibrate this model, with ``retriever`` as the first stage:
+        the adapter's ``judged`` triples (its framework's retriever and dataset, graded) through
+        :meth:`CapCalReranker.decide <capcal_integrations.CapCalReranker.decide>`
+        with this adapter's reranker and options. The decision is kept like the content check's own."""
+        return self.reranker.decide(self.judged(retriever, dataset))  # type: ignore[attr-defined]
+
+    async def adecide(self, retriever: Any, dataset: Any) -> ContentDecision:
+        """Async :meth:`decide`."""
+        return await self.reranker.adecide(await self.ajudged(retriever, dataset))  # type: ignore[attr-defined]
 
     @property
     def last_ranking(self) -> Ranking | None:
