@@ -194,15 +194,7 @@ def test_the_packaged_models_query_effects_do_not_read(model):
 def sharpened(model, own, scale, k, grades=None):
     """One query's readings from a model whose preference with the query is ``scale`` times its own query-free one
     (plus relevance ``grades``, if any)."""
-    content = [scale * t + (g if grades else 0.0) for t, g in zip(own, grades or own)]
-    n = len(own)
-    keys = [f"p{k}-{i}" for i in range(n)]
-
-    def read(values, tag):
-        return [tuple(model.logits([values[i] for i in o], f"q{k} {tag} {r}", [keys[i] for i in o]))
-                for r, o in enumerate(reading_orders(n))]
-
-    return Reading((*read(content, "with"), *read(own, "free")))
+    return copied(model, [scale * t + (g if grades else 0.0) for t, g in zip(own, grades or own)], own, k)
 
 
 @pytest.mark.parametrize("scale", [1.3, 1.7])

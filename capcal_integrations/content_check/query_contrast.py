@@ -132,6 +132,10 @@ def differences(reading: Reading, scale: float = 1.0) -> list[list[float]]:
     return [[x - scale * y for x, y in zip(e, f)] for e, f in zip(es, fs)]
 
 
+def _dot(x: Sequence[float], y: Sequence[float]) -> float:
+    return math.fsum(u * v for u, v in zip(x, y))
+
+
 def centred(values: list[float]) -> list[float]:
     """``values`` less their mean: what differs from pair to pair.
 
@@ -197,13 +201,10 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
     if k < 2 or h < 1:
         return judge([list(e) for e in es]) if es else (0.0, 0.0, 0, 1.0)
 
-    def dot(x: Sequence[float], y: Sequence[float]) -> float:
-        return math.fsum(u * v for u, v in zip(x, y))
-
     # <c_i(l), c_j(l)> = ee - l (ef + fe) + l^2 ff for c_i(l) = centred(e_i) - l centred(f_i): each scale's e-value
     # (judge's, exactly) from these few inner products
     pairs = list(itertools.combinations(range(k), 2))
-    quad = {(i, j): (dot(ce[i], ce[j]), dot(ce[i], cf[j]) + dot(cf[i], ce[j]), dot(cf[i], cf[j]))
+    quad = {(i, j): (_dot(ce[i], ce[j]), _dot(ce[i], cf[j]) + _dot(cf[i], ce[j]), _dot(cf[i], cf[j]))
             for i in range(k) for j in range(i, k)}
     patterns = [(1, *rest) for rest in itertools.product((1, -1), repeat=k - 1)]
     kappa = KAPPA * max(1, h - 1)
@@ -248,13 +249,9 @@ def relation(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]) -> fl
     """
     ce, cf = [centred(list(e)) for e in es], [centred(list(f)) for f in fs]
     pairs = list(itertools.combinations(range(len(ce)), 2))
-
-    def dot(x: Sequence[float], y: Sequence[float]) -> float:
-        return math.fsum(u * v for u, v in zip(x, y))
-
-    ee = math.fsum(dot(ce[i], ce[j]) for i, j in pairs)
-    ff = math.fsum(dot(cf[i], cf[j]) for i, j in pairs)
-    ef = math.fsum(dot(ce[i], cf[j]) + dot(ce[j], cf[i]) for i, j in pairs) / 2
+    ee = math.fsum(_dot(ce[i], ce[j]) for i, j in pairs)
+    ff = math.fsum(_dot(cf[i], cf[j]) for i, j in pairs)
+    ef = math.fsum(_dot(ce[i], cf[j]) + _dot(ce[j], cf[i]) for i, j in pairs) / 2
     if not (ee > 0 and ff > 0) or not math.isfinite(ee * ff):
         return 0.0
     return max(-1.0, min(1.0, ef / math.sqrt(ee * ff)))
