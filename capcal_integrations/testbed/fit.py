@@ -203,9 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=str(here / "slot_effects.json"))
     args = ap.parse_args(argv)
     records = args.records or [
-        ("0.5b", str(root / "benchmarks/results/trec-dl19-passage/records.jsonl")),
-        ("1.5b", str(root / "benchmarks/results/trec-dl19-passage@1.5b/records.jsonl"))]
-    paired = dict(args.readings or [("1.5b", str(root / "benchmarks/results/decision-sampling-1.5b.json"))])
+        ("0.5b", str(root / "benchmarks/results/quality/records/trec-dl19-passage/records.jsonl")),
+        ("1.5b", str(root / "benchmarks/results/quality/records/trec-dl19-passage@1.5b/records.jsonl"))]
+    paired = dict(args.readings or [("1.5b", str(root / "benchmarks/results/decisions/records/decision-sampling-1.5b.json"))])
     grades: dict[str, dict[str, int]] = {}
     with open(args.qrels, encoding="utf-8") as f:
         for line in f:
