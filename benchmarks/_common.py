@@ -97,7 +97,11 @@ def save(command: str, run: dict[str, Any], folder: pathlib.Path) -> pathlib.Pat
     """Add ``run`` (replacing the run of its name) to the command's .json and rewrite its .md; the .md's path."""
     folder.mkdir(parents=True, exist_ok=True)
     result = load(command, folder)
-    result["runs"] = [r for r in result["runs"] if r["name"] != run["name"]] + [run]
+    names = [r["name"] for r in result["runs"]]
+    if run["name"] in names:  # a run replaces the one of its name, in its place
+        result["runs"][names.index(run["name"])] = run
+    else:
+        result["runs"].append(run)
     (folder / f"{command}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     md = folder / f"{command}.md"
     md.write_text(render(result))

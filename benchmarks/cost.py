@@ -121,7 +121,7 @@ def _messages(template: Any, query: str, texts: list[str]) -> Any:
 #: middle steps asked only the nodes their choice needs (``Kind.costly_prompts`` off for the row); ``lazy``: vanilla
 #: asking only those also where the kind says a step's prompts are cheap (SGLang; on for the row). ``capcal, every
 #: node``: capcal asking every node, as it did before its middle steps asked only the nodes that certify their choice
-#: (issue 49); ``capcal, lazy``: capcal asking only those also where the kind says a step's prompts are cheap.
+#: (certified middle steps); ``capcal, lazy``: capcal asking only those also where the kind says a step's prompts are cheap.
 METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
            ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}),
            ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}), ("vanilla, lazy", "vanilla", {}),
