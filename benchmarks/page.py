@@ -36,6 +36,15 @@ def cell(command: str, run: str, column: str, **where: str) -> str:
     raise KeyError(f"{command}/{run}: no row {where}")
 
 
+def found(command: str, run: str, pattern: str) -> str:
+    """The first group of ``pattern`` in the run's notes and captions (a number a converted run states in prose)."""
+    r = next(r for r in C.load(command)["runs"] if r["name"] == run)
+    m = re.search(pattern, " ".join([*r.get("notes", []), *(t.get("caption", "") for t in r.get("tables", []))]))
+    if m is None:
+        raise KeyError(f"{command}/{run}: no {pattern!r}")
+    return m.group(1)
+
+
 def lead(x: str) -> str:
     """``0.4992`` as the README writes it: ``.4992``."""
     return x[1:] if x.startswith("0.") else x
@@ -43,6 +52,16 @@ def lead(x: str) -> str:
 
 def _peers(d: str, m: str) -> str:
     return lead(cell("peers", "bm25-top20", "nDCG@10", dataset=d, method=m))
+
+
+def _repaired(d: str, m: str) -> tuple[str, str]:
+    k, n = cell("peers", "bm25-top20", "outputs needing repair", dataset=d, method=m).split("/")
+    return k, n
+
+
+def _checked(d: str) -> int:
+    rows = next(r for r in C.load("peers")["runs"] if r["name"] == "bm25-top20")["data"]["rows"]
+    return sum(r["dataset"] == d and r["method"] == "capcal-default" and r.get("reading_requests", 0) > 0 for r in rows)
 
 
 def _seconds(m: str) -> float:
@@ -53,12 +72,20 @@ def _seconds(m: str) -> float:
 QUOTES: list[tuple[str, Any]] = [
     ("peers, DL19", lambda: f"DL19 nDCG@10: BM25 {_peers('dl19', 'bm25')}, LlamaIndex's `RankGPTRerank` "
                             f"{_peers('dl19', 'llamaindex-rankgpt')}"),
-    ("peers, DL19", lambda: f"LangChain's `LLMListwiseRerank` {_peers('dl19', 'langchain-listwise')}"),
+    ("peers, DL19", lambda: "`RankGPTRerank` {} (its parser completed {} of {} answers)".format(
+        _peers("dl19", "llamaindex-rankgpt"), *_repaired("dl19", "llamaindex-rankgpt"))),
+    ("peers, DL19", lambda: "LangChain's `LLMListwiseRerank` {} ({} of {})".format(
+        _peers("dl19", "langchain-listwise"), *_repaired("dl19", "langchain-listwise"))),
     ("peers, DL19", lambda: f"this library's `vanilla` {_peers('dl19', 'capcal-vanilla')}"),
     ("peers, SciFact", lambda: f"SciFact (abstracts cut to 100 words): BM25 {_peers('scifact', 'bm25')}, "
                                f"`RankGPTRerank` {_peers('scifact', 'llamaindex-rankgpt')}"),
     ("peers, SciFact", lambda: f"`LLMListwiseRerank` {_peers('scifact', 'langchain-listwise')}"),
     ("peers, SciFact", lambda: f"`vanilla` {_peers('scifact', 'capcal-vanilla')}"),
+    ("peers, decided", lambda: f"decided after {_checked('dl19')} and {_checked('scifact')} lists"),
+    ("cost, lazy vanilla", lambda: found("cost", "floor-lazy", r"`vanilla, every node` / vanilla's: median per list (\d\.\d+)")
+     + "x faster since"),
+    ("cost, one request", lambda: cell("cost", "floor-lazy", "time / generating", method="vanilla")
+     + "x one request of RankGPT's prompt on one server"),
     ("peers, time", lambda: f"{_seconds('capcal-vanilla') / _seconds('llamaindex-rankgpt'):.1f}x RankGPT's time in that run"),
 ]
 
