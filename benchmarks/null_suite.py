@@ -156,17 +156,21 @@ def readings(cell: Cell, seed: int, all_grades: list[list[int]]):
             g = g[::-1]
         n = len(g)
         keys = [f"p{qid}-{i}" for i in range(n)]
-        own = [cell.own * random.Random(f"{seed}|own|{key}").gauss(0.0, 1.0) for key in keys]
+        changed = None
         if pool:  # the same query again with one passage changed (another passage, its own taste)
             j = rng.randrange(n)
             keys[j] = f"x{k}"
-            own[j] = cell.own * rng.gauss(0.0, 1.0)
+            changed = j, cell.own * rng.gauss(0.0, 1.0)
         ident = qid if cell.dedup == "query" else (qid, tuple(keys))
         if ident in seen or n < MIN_PASSAGES:
             idle += 1
             continue
         seen.add(ident)
         idle = 0
+        # the tastes of a query the check reads (each passage's its own draw: a query skipped draws none)
+        own = [cell.own * random.Random(f"{seed}|own|{key}").gauss(0.0, 1.0) for key in keys]
+        if changed:
+            own[changed[0]] = changed[1]
         tag = f"q{qid}" if pool else f"q{k}"  # a deterministic model: the same query, the same noise
         yield read_query(cell, model, seed, tag, g, keys, own)
 
@@ -225,26 +229,51 @@ def censor(vec: tuple, shown: int) -> tuple:
     return tuple(floor if j in low else v for j, v in enumerate(vec))
 
 
-def decide(args: tuple) -> tuple[str, int]:
-    cell, seed, grades = args
-    evidence = RULE.evidence(CAP)
-    for facts in summaries(cell, seed, grades):
-        if evidence.add(*facts) is not None:
-            return evidence.verdict, evidence.queries
-    return "undecided", evidence.queries  # no query left that the check has not read
+def decide(args: tuple) -> list[tuple[str, int]]:
+    """``(verdict, queries)`` of one draw: the rule's own test first, then the same draw decided by each variant of it
+    (``Evidence`` fields set otherwise, :func:`variant`) on the same queries, read once (common random numbers)."""
+    cell, seed, grades, *rest = args
+    tests = [RULE.evidence(CAP), *(variant(v) for v in (rest[0] if rest else ()))]
+    stream = summaries(cell, seed, grades)
+    for facts in stream:
+        for test in tests:
+            if test.verdict is None:
+                test.add(*facts)
+        if all(test.verdict is not None for test in tests):
+            break
+    # no query left that the check has not read: undecided where the test has no verdict yet
+    return [(test.verdict or "undecided", test.queries) for test in tests]
 
 
-def run_cell(pool, cell: Cell, draws: int, grades: list[list[int]], base: int) -> dict:
+def variant(fields: dict):
+    """The rule's test with some of its :class:`~capcal_integrations.content_check.evidence.Evidence` fields set
+    otherwise (``--sweep``)."""
+    test = RULE.evidence(CAP)
+    for name, value in fields.items():
+        if not hasattr(test, name):
+            raise SystemExit(f"--sweep: Evidence has no field {name!r}")
+        setattr(test, name, value)
+    return test
+
+
+def counts(runs: list[tuple[str, int]]) -> dict:
+    draws = len(runs)
+    reads = [q for v, q in runs if v == "reads"]
+    return {"reads": len(reads), "reads_rate": len(reads) / draws, "reads_upper_95": upper_bound(len(reads), draws),
+            "does_not_read": sum(v == "does not read" for v, _ in runs), "undecided": sum(v == "undecided" for v, _ in runs),
+            "cannot_tell": sum(v == "cannot tell" for v, _ in runs),
+            "reads_within_12": sum(q <= 12 for q in reads) / draws, "reads_within_24": sum(q <= 24 for q in reads) / draws,
+            "median_queries": sorted(q for _, q in runs)[draws // 2]}
+
+
+def run_cell(pool, cell: Cell, draws: int, grades: list[list[int]], base: int, sweep: tuple[dict, ...] = ()) -> dict:
     start = time.perf_counter()
     seed0 = cell.seed(base)
-    runs = pool.map(decide, [(cell, seed0 + d, grades) for d in range(draws)], chunksize=8)
-    reads = [q for v, q in runs if v == "reads"]
-    row = {**asdict(cell), "draws": draws, "seed": seed0, "reads": len(reads), "reads_rate": len(reads) / draws,
-           "reads_upper_95": upper_bound(len(reads), draws),
-           "does_not_read": sum(v == "does not read" for v, _ in runs), "undecided": sum(v == "undecided" for v, _ in runs),
-           "cannot_tell": sum(v == "cannot tell" for v, _ in runs),
-           "reads_within_12": sum(q <= 12 for q in reads) / draws, "reads_within_24": sum(q <= 24 for q in reads) / draws,
-           "median_queries": sorted(q for _, q in runs)[draws // 2], "seconds": round(time.perf_counter() - start, 1)}
+    runs = pool.map(decide, [(cell, seed0 + d, grades, sweep) for d in range(draws)], chunksize=8)
+    row = {**asdict(cell), "draws": draws, "seed": seed0, **counts([r[0] for r in runs]),
+           "seconds": round(time.perf_counter() - start, 1)}
+    if sweep:
+        row["sweep"] = [{"fields": fields, **counts([r[i + 1] for r in runs])} for i, fields in enumerate(sweep)]
     print(json.dumps(row), flush=True)
     return row
 
@@ -295,7 +324,37 @@ def report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict
         ok = r["does_not_read"] <= 0.05 * r["draws"]
         lines.append(f"| {r['name']} | {r['s']:g} | {r['draws']} | {r['reads']} | {r.get('cannot_tell', 0)} | "
                      f"{r['does_not_read']}{'' if ok else ' ✗'} | {r['undecided']} | {r['median_queries']} |")
+    lines += sweep_report(nulls, power, refused, meta)
     return "\n".join(lines) + "\n"
+
+
+def sweep_report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict) -> list[str]:
+    """The variants of ``--sweep`` beside the rule, on the same draws: false "reads" (with the upper bound) per null
+    cell, "reads" within the goal's queries per power cell, "does not read" per refused-reader cell."""
+    variants = [r["fields"] for r in (nulls + power + refused)[0].get("sweep", [])] if nulls + power + refused else []
+    if not variants:
+        return []
+    names = ["the rule", *(", ".join(f"{k} {v:g}" for k, v in f.items()) for f in variants)]
+    head = ["| cell | decisions | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+
+    def null_cell(r: dict) -> str:
+        return f"{r['reads']} ({100 * r['reads_upper_95']:.2f} %)"
+
+    def power_cell(r: dict, s: float) -> str:
+        return f"{100 * (r['reads_within_12'] if s >= 1 else r['reads_within_24']):.1f} %"
+
+    lines = ["", "## The rule's variants on the same draws (`--sweep`)", "",
+             "Each draw's queries are read once and decided by the rule and by each variant (its `Evidence` fields set "
+             "as named). False \"reads\" (95 % upper bound):", "", *head]
+    lines += [f"| {r['name']} | {r['draws']} | " + " | ".join(null_cell(x) for x in [r, *r["sweep"]]) + " |"
+              for r in nulls]
+    lines += ["", "\"reads\" within 24 queries (s = .5) or 12 (s = 1):", "", *head]
+    lines += [f"| {r['name']}, s = {r['s']:g} | {r['draws']} | " + " | ".join(power_cell(x, r["s"]) for x in
+                                                                         [r, *r["sweep"]]) + " |" for r in power]
+    lines += ["", "The refused readers, \"does not read\" / \"reads\":", "", *head]
+    lines += [f"| {r['name']}, s = {r['s']:g} | {r['draws']} | " + " | ".join(
+        f"{x['does_not_read']} / {x['reads']}" for x in [r, *r["sweep"]]) + " |" for r in refused]
+    return lines
 
 
 def main() -> int:
@@ -314,6 +373,9 @@ def main() -> int:
                     "tells queries apart (list: as before issue 33)")
     ap.add_argument("--scales", default="", help="the rule's scales instead of query_contrast.SCALES (comma list; "
                     "'1': the rule before issue 33, what the query adds at scale 1 only)")
+    ap.add_argument("--sweep", default="", help="also decide every draw by variants of the rule's test, on the same "
+                    "queries (common random numbers): ';'-separated, each a comma list of Evidence fields, e.g. "
+                    "'related_e=30;related_e=100'")
     ap.add_argument("--out", default=str(HERE / "results" / "null-suite"))
     ap.add_argument("--report-only", action="store_true", help="rewrite --out's report from its JSON")
     a = ap.parse_args()
@@ -324,13 +386,16 @@ def main() -> int:
         return 0
     if a.scales:  # set before the pool forks
         query_contrast.SCALES = tuple(float(x) for x in a.scales.split(","))
+    sweep = tuple({k: float(v) for k, v in (f.split("=") for f in part.split(","))}
+                  for part in a.sweep.split(";") if part)
     grades = load_grades(a.data)
     start = time.perf_counter()
     with multiprocessing.Pool(a.workers) as pool:
         nulls = [run_cell(pool, c, a.draws if c.name not in EARLIER or not a.earlier_draws else a.earlier_draws,
-                          grades, a.seed) for c in null_cells(a.dedup) if a.only in c.name]
-        power = [run_cell(pool, c, a.power_draws, grades, a.seed) for c in power_cells() if a.only in c.name]
-        refused = [run_cell(pool, c, a.refused_draws, grades, a.seed) for c in refused_cells() if a.only in c.name]
+                          grades, a.seed, sweep) for c in null_cells(a.dedup) if a.only in c.name]
+        power = [run_cell(pool, c, a.power_draws, grades, a.seed, sweep) for c in power_cells() if a.only in c.name]
+        refused = [run_cell(pool, c, a.refused_draws, grades, a.seed, sweep) for c in refused_cells()
+                   if a.only in c.name]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     meta = {"command": "python benchmarks/null_suite.py " + " ".join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d"),

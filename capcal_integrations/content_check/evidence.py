@@ -114,6 +114,7 @@ class Evidence:
     align_e: float = ALIGN_E  # the alignment evidence "reads" needs (a field so that benchmarks can sweep it)
     lambdas: tuple[float, ...] = LAMBDAS  # the betting fractions of the agreement e-processes (each in (0, 1))
     bet_pairs: int = 0  # lists of fewer slot pairs bet pairs / bet_pairs of the agreement bets (0: all bet the same)
+    related_e: float = RELATED_E  # the taste gate's evidence "reads" needs (a field so that benchmarks can sweep it)
     scores: list[float] = field(default_factory=list)
     alignments: list[float] = field(default_factory=list)
     _reads: list[float] = field(default_factory=list, repr=False)
@@ -218,7 +219,7 @@ class Evidence:
             self._unrelated = [k * (1.0 + min(b, cap) * (RELATED - r)) for k, b in zip(self._unrelated, RELATED_BETS)]
         refused = self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss
         if (self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e
-                and self.for_unrelated >= RELATED_E):
+                and self.for_unrelated >= self.related_e):
             self.verdict = "reads"
         elif self.tastes and self.for_flat >= 1.0 / self.miss:
             self.verdict = "does not read"

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import contrast
 from .contrast import Reading, estimate, rotated_pair, share
@@ -203,22 +203,9 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
 
     # <c_i(l), c_j(l)> = ee - l (ef + fe) + l^2 ff for c_i(l) = centred(e_i) - l centred(f_i): each scale's e-value
     # (judge's, exactly) from these few inner products
-    pairs = list(itertools.combinations(range(k), 2))
     quad = {(i, j): (_dot(ce[i], ce[j]), _dot(ce[i], cf[j]) + _dot(cf[i], ce[j]), _dot(cf[i], cf[j]))
             for i in range(k) for j in range(i, k)}
-    patterns = [(1, *rest) for rest in itertools.product((1, -1), repeat=k - 1)]
-    kappa = KAPPA * max(1, h - 1)
-
-    def e_at(scale: float) -> float:
-        inner = {ij: a - scale * b + scale * scale * c for ij, (a, b, c) in quad.items()}
-        norm = math.fsum(inner[i, i] for i in range(k)) / k
-        if not norm > 0 or not math.isfinite(norm):
-            return 1.0
-        agree = [(i, j, kappa * inner[i, j] / norm) for i, j in pairs]
-        ts = [math.fsum(g * signs[i] * signs[j] for i, j, g in agree) for signs in patterns]
-        top = max(ts)
-        return math.exp(ts[0] - top) / (math.fsum(math.exp(t - top) for t in ts) / len(ts))
-
+    e_at = _e_at(quad, k, KAPPA * max(1, h - 1))
     grid = sorted(SCALES if scales is None else scales)
     values = [e_at(x) for x in grid]
     i = min(range(len(grid)), key=values.__getitem__)
@@ -233,6 +220,48 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
         lo, hi = (lo, b) if fa <= fb else (a, hi)
     score, aligned, pairs_, _ = judge([[x - best * y for x, y in zip(e, f)] for e, f in zip(es, fs)])
     return score, aligned, pairs_, best_e
+
+
+def _e_at(quad: dict[tuple[int, int], tuple[float, float, float]], k: int, kappa: float) -> Callable[[float], float]:
+    """The sign-flip e-value of :func:`judge_scaled` at one scale, from the inner products ``quad[i, j] = (<ce_i, ce_j>,
+    <ce_i, cf_j> + <cf_i, ce_j>, <cf_i, cf_j>)``: :func:`_e_general`; for ``K = 2`` pairs of orders (every list of ten
+    slot pairs or more) the same arithmetic written out for one pair and two sign patterns, which returns the same
+    float (a sum of two floats is rounded as :func:`math.fsum` rounds it; ``x + 0.0`` is ``fsum([x])``): the e-value
+    is evaluated some fifty times a query."""
+    if k != 2:
+        return lambda scale: _e_general(quad, k, kappa, scale)
+    (a0, b0, c0), (a1, b1, c1), (a, b, c) = quad[0, 0], quad[1, 1], quad[0, 1]
+    exp, isfinite = math.exp, math.isfinite
+
+    def e_two(scale: float) -> float:
+        squared = scale * scale
+        total = (a0 - scale * b0 + squared * c0) + (a1 - scale * b1 + squared * c1)
+        if not isfinite(total):  # fsum raises or returns what + does not: the general arithmetic decides
+            return _e_general(quad, k, kappa, scale)
+        norm = total / 2
+        if not norm > 0:
+            return 1.0
+        g = kappa * (a - scale * b + squared * c) / norm
+        t0, t1 = g + 0.0, -g + 0.0  # the patterns (1, 1) and (1, -1)
+        top = max(t0, t1)
+        first = exp(t0 - top)
+        return first / ((first + exp(t1 - top)) / 2)
+
+    return e_two
+
+
+def _e_general(quad: dict[tuple[int, int], tuple[float, float, float]], k: int, kappa: float, scale: float) -> float:
+    """:func:`judge`'s sign-flip e-value of ``centred(e_i) - scale * centred(f_i)``, ``i < k``, from their inner
+    products (:func:`_e_at`)."""
+    inner = {ij: a - scale * b + scale * scale * c for ij, (a, b, c) in quad.items()}
+    norm = math.fsum(inner[i, i] for i in range(k)) / k
+    if not norm > 0 or not math.isfinite(norm):
+        return 1.0
+    agree = [(i, j, kappa * inner[i, j] / norm) for i, j in itertools.combinations(range(k), 2)]
+    ts = [math.fsum(g * signs[i] * signs[j] for i, j, g in agree)
+          for signs in ((1, *rest) for rest in itertools.product((1, -1), repeat=k - 1))]
+    top = max(ts)
+    return math.exp(ts[0] - top) / (math.fsum(math.exp(t - top) for t in ts) / len(ts))
 
 
 def relation(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]) -> float:
