@@ -56,6 +56,15 @@ def parser(command: str, doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+def subcommand(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand that also takes ``--smoke``, ``--out`` and ``--name`` after its name."""
+    sub = subparsers.add_parser(name, help=help)
+    sub.add_argument("--smoke", action="store_true", default=argparse.SUPPRESS, help="2 short lists")
+    for flag in ("--out", "--name"):
+        sub.add_argument(flag, default=argparse.SUPPRESS, help="as before the subcommand")
+    return sub
+
+
 def need_data(sub: str = "") -> pathlib.Path:
     """The shared collections, or exit 0 with a clear message (a smoke run skips without them)."""
     d = data_dir()

@@ -96,7 +96,7 @@ def null_cells(dedup: str = "query") -> list[Cell]:
     return cells
 
 
-#: The null cells of the suite before the three outcomes (issue 33's): their names.
+#: The null cells of the earlier suite (before the three outcomes): their names.
 EARLIER = {c.name for c in null_cells()[:20]}
 
 

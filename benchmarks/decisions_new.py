@@ -180,7 +180,8 @@ def judged(args: argparse.Namespace, stamp: dict, out: pathlib.Path) -> dict:
     else:
         root = C.need_data()
         data = [str(root / d) for d in ("trec-dl19-passage", "trec-dl20-passage")]
-        pool = make_pool(data, 20, 2 if args.smoke else None, 1 if args.smoke else args.draws, args.workers)
+        pool = make_pool(data, 5 if args.smoke else 20, 2 if args.smoke else None, 1 if args.smoke else args.draws,
+                         args.workers)
         pool["commit"] = stamp["commit"]
         if not args.smoke:
             (RECORDS / "judged-pool.json").write_text(json.dumps(pool))
@@ -326,18 +327,18 @@ def fixture(paths: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser("decisions", __doc__)
     sub = ap.add_subparsers(dest="what")
-    nulls = sub.add_parser("nulls", help="the default rule under the nulls real models produce, and its power")
+    nulls = C.subcommand(sub, "nulls", "the default rule under the nulls real models produce, and its power")
     from benchmarks import _nulls
 
     _nulls.arguments(nulls)
-    jd = sub.add_parser("judged", help="deciding from judged queries on the testbed")
+    jd = C.subcommand(sub, "judged", "deciding from judged queries on the testbed")
     jd.add_argument("--pool", help="the ranked pool (judged-pool.json) instead of ranking it")
     jd.add_argument("--draws", type=int, default=3, help="draws of the simulated server's noise per list and cell")
     jd.add_argument("--runs", type=int, default=2000, help="decisions per cell and number of judged queries")
     jd.add_argument("--rerun-runs", type=int, default=10000, help="re-running users per row")
     jd.add_argument("--needed-runs", type=int, default=10000, help="orders of the pool per reader")
     jd.add_argument("--workers", type=int, default=2)
-    rl = sub.add_parser("real", help="the content check on a real model, replayed in random query orders")
+    rl = C.subcommand(sub, "real", "the content check on a real model, replayed in random query orders")
     rl.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
     rl.add_argument("--base-url", help="an endpoint; default: the embedded --model, started here")
     rl.add_argument("--model", default="0.5b")

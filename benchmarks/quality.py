@@ -218,7 +218,8 @@ def testbed(args: Any, stamp: dict) -> dict[str, Any]:
             "title": f"The testbed: {len(lists)} DL19 lists x {draws} simulated models per scenario and s",
             "notes": ["A test instrument: nDCG@10 averaged over lists and draws on a simulated reranker whose content "
                       "slope `s` and slot bias (the scenario) are known; `reads`: the share of the default's decisions "
-                      "that said the model reads. Methods: " + "; ".join(f"`{m}` = {o}" for m, o in methods.items())],
+                      "that said the model reads. Methods: " + "; ".join(
+                          f"`{m}` = {'the BM25 order' if o is None else o or 'the defaults'}" for m, o in methods.items())],
             "tables": [{"columns": ["scenario", "s", *methods], "rows": table}],
             "data": {"rows": [r.__dict__ for r in rows]}}
 
@@ -226,12 +227,12 @@ def testbed(args: Any, stamp: dict) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser("quality", __doc__)
     sub = ap.add_subparsers(dest="what")
-    col = sub.add_parser("collections", help="every method on the shared collections (the default)")
+    col = C.subcommand(sub, "collections", "every method on the shared collections (the default)")
     col.add_argument("--phases", help="comma-separated phase names (default: all, in order)")
     col.add_argument("--report", action="store_true", help="only the headline, from the records")
     col.add_argument("--threads", type=int, default=1, help="server CPU threads (default 1: steadier on a shared machine)")
     col.add_argument("--port", type=int, default=None)
-    tb = sub.add_parser("testbed", help="the library's methods on the simulated reranker")
+    tb = C.subcommand(sub, "testbed", "the library's methods on the simulated reranker")
     tb.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
     tb.add_argument("--s", default="0,0.5,1,2")
     tb.add_argument("--draws", type=int, default=20)
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.what is None:
             args = tb.parse_args([], namespace=args)
         if args.smoke or args.what == "testbed":
-            C.save("quality", testbed(args, stamp), out)
+            print(f"wrote {C.save('quality', testbed(args, stamp), out)}")
     if args.what in (None, "collections"):
         if args.what is None:
             args = col.parse_args([], namespace=args)
