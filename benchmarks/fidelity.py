@@ -3,7 +3,7 @@
     python -m benchmarks.fidelity --smoke                  # 2 queries, the committed rankings: no server, seconds
     python -m benchmarks.fidelity crosscheck               # rank the official run's queries again, and compare
     python -m benchmarks.fidelity crosscheck --records benchmarks/results/quality/records/trec-dl19-passage/records.jsonl
-    /work/vllm-venv/bin/python -m benchmarks.fidelity official --release-code /path/to/CapCal/code --queries 10
+    /work/vllm-venv/bin/python -m benchmarks.fidelity official --release-code CODE --data ../shared/data/trec-dl19-passage --queries 10
 
 ``official`` runs the release's own code (``USTC-StarTeam/CapCal`` at :data:`RELEASE_COMMIT`, its ``code/``
 directory kept outside this repository) on CPU, its methods called unchanged on one model loaded once by its own

@@ -99,7 +99,7 @@ def quotes_disagreeing(readme: str | None = None) -> list[str]:
 def commands(command: str) -> list[str]:
     """The command lines a module's docstring shows (its smoke and full runs)."""
     doc = ast.get_docstring(ast.parse((C.ROOT / "benchmarks" / f"{command}.py").read_text())) or ""
-    return [line.strip() for line in doc.splitlines() if re.match(r"\s+(\S+=\S+ )*python -m benchmarks\.", line)]
+    return [line.strip() for line in doc.splitlines() if re.match(r"\s+(\S+=\S+ )*\S*python -m benchmarks\.", line)]
 
 
 def page() -> str:
