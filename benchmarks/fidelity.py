@@ -3,17 +3,18 @@
     python -m benchmarks.fidelity --smoke                  # 2 queries, the committed rankings: no server, seconds
     python -m benchmarks.fidelity crosscheck               # rank the official run's queries again, and compare
     python -m benchmarks.fidelity crosscheck --records benchmarks/results/quality/records/trec-dl19-passage/records.jsonl
-    /work/vllm-venv/bin/python -m benchmarks.fidelity official --release-code CODE --data ../shared/data/trec-dl19-passage --queries 10
+    TORCH_VENV/bin/python -m benchmarks.fidelity official --release-code CODE --data ../shared/data/trec-dl19-passage
 
-``official`` runs the release's own code (``USTC-StarTeam/CapCal`` at :data:`RELEASE_COMMIT`, its ``code/``
-directory kept outside this repository) on CPU, its methods called unchanged on one model loaded once by its own
-``LLMExp_StateMachine.load_model()``: ``vanilla`` (``get_passage_generation``, constrained ``[i] > [j]`` decoding),
-``fixed`` (``get_passage_logits_apply_bias_correction``, rate 1.0) and ``adaptive`` (``LLMExp_DynamicBias``'s, the
-entropy-based rate per step), on the packaged Qwen2.5-Coder-0.5B converted to Hugging Face weights (``--dtype
-float32``: what the release's ``from_pretrained`` did under transformers 4.x). Each query's first ``--depth``
-candidates are shown as ``clean_passage(passage_text(doc), None)``, the exact strings this library puts in its
-prompts; the placeholder is the release's command-line default. It writes ``results/fidelity/records/official.json``
-after every ranking (needs torch, transformers, numpy and PyYAML).
+``official`` runs, in a venv with torch and transformers, the release's own code (``USTC-StarTeam/CapCal`` at
+:data:`RELEASE_COMMIT`, its ``code/`` directory kept outside this repository) on CPU, its methods called unchanged
+on one model loaded once by its own ``LLMExp_StateMachine.load_model()``: ``vanilla`` (``get_passage_generation``,
+constrained ``[i] > [j]`` decoding), ``fixed`` (``get_passage_logits_apply_bias_correction``, rate 1.0) and
+``adaptive`` (``LLMExp_DynamicBias``'s, the entropy-based rate per step), on the packaged Qwen2.5-Coder-0.5B
+converted to Hugging Face weights (``--dtype float32``: what the release's ``from_pretrained`` did under
+transformers 4.x). Each query's first ``--depth`` candidates are shown as ``clean_passage(passage_text(doc),
+None)``, the exact strings this library puts in its prompts; the placeholder is the release's command-line default.
+It writes ``results/fidelity/records/official.json`` after every ranking (needs torch, transformers, numpy and
+PyYAML).
 
 ``crosscheck`` ranks the same candidates with ``CapCalReranker(preset="release")`` on the embedded llama.cpp server
 (the same model, Q4_K_M weights), or takes the library's rankings from the quality command's records
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     off.add_argument("--release-code", required=True, type=pathlib.Path, help="the release's code/ (src/llm_utils.py)")
     off.add_argument("--model-dir", default="~/.cache/capcal/qwen2.5-coder-0.5b-instruct-q4_k_m-hf")
     off.add_argument("--data", required=True, type=pathlib.Path, help="a dataset folder in the shared format")
-    off.add_argument("--queries", type=int, default=1, help="the first N queries, in file order")
+    off.add_argument("--queries", type=int, default=10, help="the first N queries, in file order")
     off.add_argument("--depth", type=int, default=20, choices=range(1, MAX_DEPTH + 1), metavar="1-20")
     off.add_argument("--variants", default=",".join(VARIANTS))
     off.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
