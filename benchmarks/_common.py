@@ -142,7 +142,7 @@ def render(result: dict[str, Any]) -> str:
     """A command's results file as Markdown: every run, its stamp, notes and tables."""
     lines = [f"# {result['command']}: {result['question']}", "",
              f"Generated from `{result['command']}.json` (`python -m benchmarks.{result['command']}`); one section "
-             "a run, newest command line first in each.", ""]
+             "a run: its stamp, its notes, its tables.", ""]
     for run in result["runs"]:
         lines += [f"## {run['name']}: {run['title']}", "", stamp_line(run), ""]
         for note in run.get("notes", []):
