@@ -3,27 +3,20 @@
     python -m benchmarks.cost --smoke                                   # 2 lists of 5 passages, seconds
     python -m benchmarks.cost --lists 10 --deciding-lists 4 --concurrency 8 --methods 'vanilla;capcal;capcal, async'
     CAPCAL_VLLM_PYTHON=.venv-vllm/bin/python python -m benchmarks.cost --engine vllm --lists 10 --concurrency 8
+    python -m benchmarks.cost --slots                                   # one trie node's cost, pinned or spread
 
-For each DL19 BM25 list (cold: a fresh salt in every passage, so no prompt is cached from anything before it), on
-one server in one run, interleaved:
-
-* **generating**: one chat completion of RankGPT's prompt over the same passages, at most 100 generated tokens
-  (what RankGPTRerank and LLMListwiseRerank send);
-* the methods of ``--methods`` (``guard=None``; rows of :data:`METHODS`: the exact and the per-node form, ``async``
-  for ``arerank`` beside ``rerank``, ``every node`` for the whole reading the lazy middle steps replace), and **one
-  deciding query** of the content check on the list's first ``--deciding-passages``;
-* **the floor** of each: prefilling each distinct stream once (a request that generates one token, timed on a
-  cold copy of the stream) plus the evaluations the method cannot avoid (the decoded ranking's tokens, at the
-  server's per-token time t_token, timed on the generating request's prompt once cached): vanilla =
-  prefill(real) + tokens x t_token; capcal = prefill(real) + prefill(empty) + 2 x tokens x t_token. A deciding
-  query's floor is its own streams (the rule's orders with and without the query, and the empty prompt), each sent
-  once as a one-token request, plus each stream's identifier-trie nodes but the first at t_token.
-
-Per method, medians over the lists: time / floor, time / generating, requests, and uncached prompt tokens / the
-tokens of the distinct streams (the answers' ``usage``; vLLM's own prefix-cache counters where it has them). With
-``--concurrency N`` the lists are then ranked again ``N`` at once (``rerank_many``) beside ``N`` generating
-requests at once. ``--chat`` reads through chat prefill, as on a server without prompt lists. Without
-``--base-url`` the embedded server (``--model``; ``--engine vllm``: vLLM's CPU build) is started for the run.
+For each DL19 BM25 list (cold: a fresh salt in every passage), on one server in one run, interleaved: **one
+generating request** of RankGPT's prompt (at most 100 tokens: what RankGPTRerank and LLMListwiseRerank send); the
+methods of ``--methods`` (``guard=None``; :data:`METHODS`: the exact and per-node forms, ``async`` through
+``arerank``, ``every node`` for the whole reading the lazy middle steps replace); **one deciding query** of the
+content check on the first ``--deciding-passages``; and **the floor** of each: each distinct stream prefilled once
+(a one-token request on a cold copy) plus the tokens it cannot avoid at the server's per-token time t (vanilla:
+prefill(real) + tokens x t; capcal: prefill(real) + prefill(empty) + 2 x tokens x t; a deciding query: its own
+streams, each once, plus their other trie nodes at t). Medians per method: time / floor, time / generating,
+requests, uncached prompt tokens / the distinct streams' tokens (vLLM's prefix-cache counters where it has them).
+``--concurrency N`` ranks the lists again N at once beside N generating requests; ``--chat`` reads through chat
+prefill; ``--slots`` times one trie node pinned to the slot holding the prompt or spread over slots. Without
+``--base-url`` the embedded server (``--model``, ``--engine``) is started for the run.
 """
 
 from __future__ import annotations
@@ -290,6 +283,65 @@ def run_of(args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str,
             "notes": notes(rows, names), "tables": tables, "data": {**info, "rows": rows}}
 
 
+def one_server(unified: bool, query: str, passages: list[str], model: str) -> dict[str, Any]:
+    """``--slots``: one step's 14 node prompts on a llama.cpp server of its own (8 slots, 2 threads, ``kv_unified`` as
+    given), pinned to the slot that holds the prompt (what the library sends) and spread over idle slots (one batch)."""
+    import socket
+    import urllib.request
+
+    import xllamacpp as xlc
+
+    from capcal_integrations.server.models import model_path
+
+    def post(path: str, body: dict) -> Any:
+        with urllib.request.urlopen(urllib.request.Request(url + path, json.dumps(body).encode(),
+                                                           {"Content-Type": "application/json"}), timeout=3600) as a:
+            return json.load(a)
+
+    def timed(prompts: list[list[int]], **extra: Any) -> float:
+        started = time.perf_counter()
+        post("/v1/completions", {"prompt": prompts, "max_tokens": 1, "logprobs": 20, "temperature": 0, **extra})
+        return round(time.perf_counter() - started, 3)
+
+    p = xlc.CommonParams()
+    p.model.path = str(model_path(model))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        p.hostnames, p.port = ["127.0.0.1"], free.getsockname()[1]
+    p.n_parallel, p.n_ctx, p.n_batch, p.kv_unified = 8, 4096 * 8, 512, unified
+    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = 2
+    server, url = xlc.Server(p), f"http://127.0.0.1:{p.port}"  # noqa: F841 - alive while the process is
+    text = (f"Rank these passages for the query: {query}\n" + "\n".join(
+        f"[{i + 1}] {x}" for i, x in enumerate(_salted(passages))) + "\nRanking: [")
+    ids = post("/tokenize", {"content": text})["tokens"]
+    digit = [post("/tokenize", {"content": str(d)})["tokens"][0] for d in range(10)]
+    nodes = [[], [digit[1]], [digit[2]], *([digit[1], digit[d]] for d in range(10)), [digit[2], digit[0]]]
+    return {"kv_unified": unified, "prompt_tokens": len(ids), "nodes": len(nodes),
+            "cold_prefill_s": timed([ids], id_slot=0), "pinned_s": timed([ids + n for n in nodes], id_slot=0),
+            "pinned_again_s": timed([ids + n for n in nodes], id_slot=0),
+            "spread_8_cold_s": timed([ids + n for n in nodes[:8]]), "spread_8_warm_s": timed([ids + n for n in nodes[:8]]),
+            "pinned_8_s": timed([ids + n for n in nodes[:8]], id_slot=0)}
+
+
+def slots(args: argparse.Namespace, lists: list[Any], stamp: dict) -> dict:
+    import multiprocessing
+
+    rows = []
+    for unified in (False, True):  # a process each: xllamacpp's server lives until its process ends
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            rows.append(pool.apply(one_server, (unified, lists[0].query, list(lists[0].passages)[:args.passages],
+                                                args.model)))
+    return {"name": args.name or "slots", "stamp": stamp, "title": "One trie node's cost on llama.cpp, pinned or spread",
+            "notes": ["Seconds; one DL19 list, a fresh salt (cold); the packaged model on llama.cpp, 8 slots, 2 threads."],
+            "tables": [{"columns": ["kv_unified", "prompt tokens", "cold prefill", "nodes pinned", "again",
+                                    "per node pinned", "8 nodes spread, cold", "8 spread, warm", "per node spread",
+                                    "8 nodes pinned"],
+                        "rows": [["on" if r["kv_unified"] else "off", r["prompt_tokens"], r["cold_prefill_s"],
+                                  r["pinned_s"], r["pinned_again_s"], round(r["pinned_again_s"] / r["nodes"], 3),
+                                  r["spread_8_cold_s"], r["spread_8_warm_s"], round(r["spread_8_warm_s"] / 8, 3),
+                                  r["pinned_8_s"]] for r in rows]}], "data": {"rows": rows}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser("cost", __doc__)
     ap.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
@@ -306,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=0, help="then rank the lists N at once beside N generating "
                     "requests at once (default: not)")
     ap.add_argument("--chat", action="store_true", help="read through chat prefill (one chat request per prompt)")
+    ap.add_argument("--slots", action="store_true", help="instead: one trie node's cost, pinned or spread over slots")
     args = ap.parse_args(argv)
     stamp = C.stamp("cost", argv)
     if args.smoke:
@@ -314,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     lists = bench_lists(data)[:args.lists]
     methods = tuple(args.methods.split(";"))
     out = C.out_dir("cost", args)
+    if args.slots:
+        print(f"wrote {C.save('cost', slots(args, lists, stamp), out)}")
+        return 0
     with C.server(args.base_url, args.model, args.engine) as ep:
         key = ep.api_key or args.api_key
         rr = CapCalReranker(base_url=ep.base_url, api_key=key, model=ep.model, timeout=3600, guard=None)
