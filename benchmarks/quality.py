@@ -91,7 +91,7 @@ PHASES = (
     Phase("dl19-psc", DL19, "rank", "psc:m=5", queries=10), Phase("dl20-core", DL20, "rank", CORE),
     Phase("scifact-core", SCIFACT, "rank", CORE, queries=50), Phase("dl19-psc-rest", DL19, "rank", "psc:m=5"),
 )
-SMOKE = (Phase("smoke", DL19, "rank", "bm25,vanilla,capcal:guard=none,capcal", queries=2),)
+SMOKE = (Phase("smoke", DL19, "rank", "bm25,vanilla,capcal:guard=none", queries=2),)
 #: Headline columns: the first spec of each that has rank records in a folder (the 1.5B ran the per-node form).
 HEADLINE = {"vanilla": ("vanilla", "vanilla:probability=trie"),
             "CapCal (adaptive)": ("capcal:guard=None", "capcal:guard=None,probability=trie"),
@@ -190,7 +190,7 @@ def collections(args: Any, stamp: dict, out: pathlib.Path) -> dict[str, Any]:
                      "that changed them: " + ", ".join(
                          f"{p.name}: {_last_commit(p)}" for p in sorted(RECORDS.iterdir()) if p.is_dir()) + ".")
     return {"name": args.name or ("smoke" if args.smoke else "collections"), "stamp": stamp, "notes": notes,
-            "title": "BM25 top-20 reranked by each method, per collection and model",
+            "title": f"BM25 top-{5 if args.smoke else TOP} reranked by each method, per collection and model",
             "tables": [headline(phases, data, records)]}
 
 
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--methods", default="bm25,vanilla,capcal-adaptive,capcal-1,capcal-chosen,default")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("httpx", "openai"):
+    for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     stamp, out = C.stamp("quality", argv), C.out_dir("quality", args)
     out.mkdir(parents=True, exist_ok=True)
