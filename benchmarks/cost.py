@@ -29,6 +29,7 @@ import json
 import pathlib
 import random
 import re
+import socket
 import statistics
 import sys
 import time
@@ -114,11 +115,13 @@ def _messages(template: Any, query: str, texts: list[str]) -> Any:
 #: middle steps asked only the nodes their choice needs (``Kind.costly_prompts`` off for the row); ``lazy``: vanilla
 #: asking only those also where the kind says a step's prompts are cheap (SGLang; on for the row). ``capcal, every
 #: node``: capcal asking every node, as it did before its middle steps asked only the nodes that certify their choice
-#: (certified middle steps); ``capcal, lazy``: capcal asking only those also where the kind says a step's prompts are cheap.
+#: (certified middle steps); ``capcal, lazy``: capcal asking only those also where the kind says a step's prompts
+#: are cheap; ``letters``: identifiers [A]..[T] (``labels="alpha"``: one token each, so a step's trie is one node).
 METHODS = (("vanilla", "vanilla", {}), ("capcal", "capcal", {}),
            ("vanilla, trie", "vanilla", {"probability": "trie"}), ("capcal, trie", "capcal", {"probability": "trie"}),
            ("capcal, async", "capcal", {}), ("vanilla, every node", "vanilla", {}), ("vanilla, lazy", "vanilla", {}),
-           ("capcal, every node", "capcal", {}), ("capcal, lazy", "capcal", {}))
+           ("capcal, every node", "capcal", {}), ("capcal, lazy", "capcal", {}),
+           ("vanilla, letters", "vanilla", {"labels": "alpha"}), ("capcal, letters", "capcal", {"labels": "alpha"}))
 #: The rows that read the endpoint's kind as one whose prompts each cost compute of their own (True) or not
 COSTLY = {"vanilla, every node": False, "vanilla, lazy": True, "capcal, every node": False, "capcal, lazy": True}
 ROWS = tuple(name for name, _, _ in METHODS) + ("deciding",)
@@ -153,7 +156,8 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
         took = time.perf_counter() - started
         u = ranking.usage
         uncached = meter.uncached(before, u.prompt_tokens, u.cached_tokens)
-        answer = " > ".join(f"[{i + 1}]" for i in ranking.order)
+        names = labels(len(passages), extra.get("labels", "numeric"))
+        answer = " > ".join(names[i] for i in ranking.order)
         tokens = len(run_sync(tokenize(rr.capabilities(), [answer]), rr.client)[0][0])
         floor = real_s + tokens * per_token if method == "vanilla" else real_s + empty_s + 2 * tokens * per_token
         streams = real_tokens if method == "vanilla" else real_tokens + empty_tokens
@@ -286,9 +290,6 @@ def run_of(args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str,
 def one_server(unified: bool, query: str, passages: list[str], model: str) -> dict[str, Any]:
     """``--slots``: one step's 14 node prompts on a llama.cpp server of its own (8 slots, 2 threads, ``kv_unified`` as
     given), pinned to the slot that holds the prompt (what the library sends) and spread over idle slots (one batch)."""
-    import socket
-    import urllib.request
-
     import xllamacpp as xlc
 
     from capcal_integrations.server.models import model_path

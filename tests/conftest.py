@@ -11,12 +11,16 @@ off (``CAPCAL_TEST_HOSTED_SERVER_URL`` to use a running one), seen through
 The vLLM tests (marker ``vllm``) use ``CAPCAL_TEST_VLLM_URL``, else start the same model with vLLM
 through the library's own launcher (the vLLM of ``$CAPCAL_VLLM_PYTHON``, see
 capcal_integrations/server/vllm.py). Without a usable vLLM they are skipped, unless
-``CAPCAL_REQUIRE_VLLM=1`` (as ``.ci/run`` sets): then that is a failure.
+``CAPCAL_REQUIRE_VLLM=1`` (as ``.ci/run`` sets): then that is a failure. When the session will run a vLLM test,
+the server starts in the background as soon as the tests are collected (a CPU build takes about two minutes to
+come up, which the tests before it hide) and ``vllm_url`` waits for it.
 """
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -70,6 +74,43 @@ def hosted_server() -> Iterator[str]:
     yield from _serving(EmbeddedServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"), prefill=False, n_parallel=4))
 
 
+#: The vLLM server started in the background at collection (:func:`pytest_collection_finish`): the server, the
+#: thread starting it, and what its start raised.
+_early_vllm: dict[str, Any] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the vLLM server in the background when a vLLM test will run and vLLM is usable (``vllm_url`` says why
+    not otherwise)."""
+    if os.environ.get("CAPCAL_TEST_VLLM_URL") or not any(item.get_closest_marker("vllm") for item in session.items):
+        return
+    from capcal_integrations.errors import MissingExtra
+    from capcal_integrations.server import VllmServer
+    from capcal_integrations.server.vllm import check_vllm
+
+    try:
+        check_vllm()
+    except MissingExtra:
+        return
+    server = VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"))
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as err:  # re-raised by vllm_url, in the test that needs the server
+            _early_vllm["error"] = err
+
+    _early_vllm.update(server=server, thread=threading.Thread(target=start, name="vllm-start", daemon=True))
+    _early_vllm["thread"].start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the background vLLM server if no test asked for it (``vllm_url`` stops it otherwise)."""
+    if _early_vllm.get("server") is not None:
+        _early_vllm["thread"].join()
+        _early_vllm.pop("server").stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
     """Base URL of a real vLLM server with the packaged model, started once per session."""
@@ -87,7 +128,17 @@ def vllm_url() -> Iterator[str]:
         if os.environ.get("CAPCAL_REQUIRE_VLLM") == "1":
             pytest.fail(f"CAPCAL_REQUIRE_VLLM=1 but vLLM is not usable: {err}")
         pytest.skip(f"no vLLM: {err}")
-    yield from _serving(VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b")))
+    server = _early_vllm.pop("server", None)
+    if server is None:
+        yield from _serving(VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b")))
+        return
+    _early_vllm["thread"].join()
+    try:
+        if "error" in _early_vllm:
+            raise _early_vllm.pop("error")
+        yield server.base_url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

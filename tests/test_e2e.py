@@ -5,10 +5,8 @@ structure, orderings and tolerances, never on exact floats (server logprobs drif
 """
 
 import asyncio
-import gzip
 import json
 import math
-import pathlib
 import socket
 import threading
 
@@ -27,7 +25,7 @@ from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.files import prompt_text
 from capcal_integrations.prompts.render import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
 from tests._compare import assert_same_order_up_to_ties, assert_same_ranking, every_node
-from tests._samples import PASSAGES, QUERY
+from tests._samples import PASSAGES, QUERY, dl19_lists
 
 pytestmark = pytest.mark.e2e
 
@@ -224,13 +222,6 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses(rr):
             break  # a near-tie went the other way: the prefixes differ from here on
         assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - 0.02, (a.chosen, b.chosen, b.p)
     assert lazy.steps[1].candidates == whole.steps[1].candidates  # the first step is read whole by both
-
-
-def dl19_lists():
-    """The DL19 lists of tests/fixtures/tiny-dl (3 queries x 5 BM25 candidates)."""
-    path = pathlib.Path(__file__).parent / "fixtures" / "tiny-dl" / "candidates.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [(t["query"], [c["text"] for c in t["candidates"]]) for t in map(json.loads, f)]
 
 
 def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_dl19(rr):

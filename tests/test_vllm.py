@@ -17,7 +17,7 @@ from capcal_integrations import CapCalReranker
 from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.render import RANK_ZEPHYR, clean_passage, labels, render
 from tests._compare import VLLM_DRIFT, assert_same_ranking, every_node
-from tests._samples import PASSAGES, QUERY
+from tests._samples import PASSAGES, QUERY, dl19_lists
 
 ELEVEN = PASSAGES + ["Fleas are small flightless insects.", "Paris is the capital of France.",
                      "Adult fleas live up to a year.", "Flea eggs hatch in two days to two weeks.",
@@ -84,9 +84,32 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr,
         assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - VLLM_DRIFT, (a.chosen, b.chosen, b.p)
 
 
+def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr, sent):
+    # capcal's middle steps ask only the nodes that certify their choice (reading.certified), on vLLM's token-id prompt
+    # lists as on llama.cpp's; the whole reading is the same reranker with every node asked. A fixed and the adaptive
+    # strength, each on a list of the tiny DL19 fixture: the same orders, up to vLLM's drift on a near-tie
+    pruned = 0
+    for alpha, (query, passages) in zip((1.0, "adaptive"), dl19_lists()):
+        lazy_rr = rr.with_options(method="capcal", alpha=alpha)
+        sent.clear()
+        lazy = lazy_rr.rerank(query, passages)
+        lazy_prompts = _prompts(sent)
+        sent.clear()
+        with every_node(lazy_rr) as whole_rr:
+            whole = whole_rr.rerank(query, passages)
+        assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0
+        assert lazy_prompts <= _prompts(sent)
+        pruned += sum(s.pruned for s in lazy.steps)
+        for a, b in zip(lazy.steps, whole.steps):
+            if a.chosen != b.chosen:  # a near-tie went the other way
+                assert b.scores[b.candidates.index(a.chosen)] >= max(b.scores) - VLLM_DRIFT, (query, a, b)
+                break
+    assert pruned > 0
+
+
 def _prompts(sent: list) -> int:
     """How many prompts (trie nodes) the recorded token-id prompt lists asked."""
-    return sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/completions"))
+    return sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/v1/completions"))
 
 
 def test_sliding_window_over_30_passages(rr):
