@@ -4,6 +4,7 @@
     python -m benchmarks.fidelity crosscheck               # rank the official run's queries again, and compare
     python -m benchmarks.fidelity crosscheck --records benchmarks/results/quality/records/trec-dl19-passage/records.jsonl
     TORCH_VENV/bin/python -m benchmarks.fidelity official --release-code CODE --data ../shared/data/trec-dl19-passage
+    python -m benchmarks.fidelity lazy --lists 10 [--engine vllm]   # lazy capcal against the whole reading, live
 
 ``official`` runs, in a venv with torch and transformers, the release's own code (``USTC-StarTeam/CapCal`` at
 :data:`RELEASE_COMMIT`, its ``code/`` directory kept outside this repository) on CPU, its methods called unchanged
@@ -22,11 +23,17 @@ PyYAML).
 two orders part at rank 1), and reports per query and variant both orders, Kendall tau, whether they are identical
 and, where they are not, the library's margin at the first step where they part (a small margin is a near-tie that
 the weights' quantisation can flip).
+
+``lazy`` ranks each DL19 list with ``method="capcal"`` (``guard=None``, adaptive and fixed strength) lazily (middle
+steps ask only the trie nodes that certify their choice) and whole (every node, ``testing.every_node``), on the same
+server: identical orders, where they part the step and how far the lazy choice is below the whole reading's best,
+and the nodes (prompts) each asked, counted from the requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -263,6 +270,63 @@ def official(args: argparse.Namespace) -> None:
             print(f"{topic.qid} {variant:<8} {rows[-1]['seconds']:7.1f} s  {order}", flush=True)
 
 
+def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
+    """Lazy capcal against the whole reading on a real server, the same lists read both ways."""
+    import httpx
+    import openai
+
+    from capcal_integrations.testbed.endpoint import _prompt_list
+    from capcal_integrations.testbed.measure import bench_lists
+    from capcal_integrations.testing import every_node
+
+    def nodes(sent: list) -> int:  # each prompt of a completions prompt list, each chat request
+        return sum(len(_prompt_list(json.loads(r.content)["prompt"])) if r.url.path.endswith("/v1/completions")
+                   else r.url.path.endswith("/chat/completions") for r in sent)
+
+    rows, sent = [], []
+    lists = bench_lists(args.data or C.need_data("trec-dl19-passage"))[:2 if args.smoke else args.lists]
+    with C.server(args.base_url, args.model, args.engine) as ep:
+        http = httpx.Client(event_hooks={"request": [sent.append]}, timeout=3600)
+        rr = CapCalReranker(client=openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key or "x", http_client=http,
+                                                 max_retries=0), model=ep.model, guard=None)
+        caps = rr.capabilities()
+        for k, b in enumerate(lists):
+            for alpha in ("adaptive", 1.0):
+                row: dict[str, Any] = {"list": k, "alpha": alpha}
+                for name in ("whole", "lazy"):  # the whole reading first: the lazy one reads its prompts warm
+                    sent.clear()
+                    start, one = time.perf_counter(), rr.with_options(method="capcal", alpha=alpha)
+                    with every_node(one) if name == "whole" else contextlib.nullcontext(one) as ranked:
+                        row[name] = ranked.rerank(b.query, list(b.passages)[:5 if args.smoke else args.passages])
+                    row[f"seconds_{name}"], row[f"nodes_{name}"] = time.perf_counter() - start, nodes(sent)
+                lz, wh = row.pop("lazy"), row.pop("whole")
+                row.update(identical=lz.order == wh.order, pruned=sum(s.pruned > 0 for s in lz.steps), steps=len(lz.steps),
+                           parted=next(([i, max(w.scores) - w.scores[w.candidates.index(a.chosen)]] for i, (a, w) in
+                                        enumerate(zip(lz.steps, wh.steps)) if a.chosen != w.chosen), None))
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    table = []
+    for alpha in dict.fromkeys(r["alpha"] for r in rows):
+        rs = [r for r in rows if r["alpha"] == alpha]
+        nl, nw, sl, sw = (sum(r[k] for r in rs) / len(rs) for k in ("nodes_lazy", "nodes_whole", "seconds_lazy",
+                                                                   "seconds_whole"))
+        table.append([alpha, len(rs), sum(r["identical"] for r in rs), ", ".join(
+            f"{r['parted'][0]}: {r['parted'][1]:.3f}" for r in rs if r["parted"]) or "none",
+            f"{sum(r['pruned'] for r in rs)} / {sum(r['steps'] - 2 for r in rs)}", f"{nl:.0f}", f"{nw:.0f}",
+            f"{nl / nw:.2f}", f"{sl:.1f}", f"{sw:.1f}"])
+    server = caps.server or caps.kind.name
+    return {"name": args.name or f"lazy-live-{server}" + ("-smoke" if args.smoke else ""), "stamp": stamp,
+            "title": f"Lazy capcal against the whole reading, live on {server}",
+            "notes": ["Each list ranked by capcal twice with the same prompts: whole (every trie node of both streams) "
+                      "and lazy (middle steps certified by bounds). *parted*: the step where the choices first differ "
+                      "and how far the lazy choice's calibrated score is below the whole reading's best there. Seconds "
+                      "are warm (the whole reading ran first): a cold list's cost is the cost command's."],
+            "tables": [{"columns": ["alpha", "lists", "identical orders", "parted (step: gap)",
+                                    "middle steps certified early", "nodes / list, lazy", "nodes / list, whole",
+                                    "lazy / whole", "seconds / list, lazy", "seconds / list, whole"], "rows": table}],
+            "data": {"model": caps.model, "rows": rows}}
+
+
 def _shown(path: str) -> str:
     p = pathlib.Path(path).resolve()
     return str(p.relative_to(C.ROOT)) if p.is_relative_to(C.ROOT) else path
@@ -287,7 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     off.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     off.add_argument("--dtype", choices=("float32", "auto"), default="float32")
     off.add_argument("--verbose", action="store_true", help="also show the release's INFO log on the console")
+    lz = C.subcommand(sub, "lazy", "lazy capcal against the whole reading on a real server")
+    lz.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
+    lz.add_argument("--lists", type=int, default=10)
+    lz.add_argument("--passages", type=int, default=20)
+    lz.add_argument("--base-url", default=None)
+    lz.add_argument("--model", default="0.5b")
+    lz.add_argument("--engine", default="llamacpp", choices=("llamacpp", "vllm"))
     args = ap.parse_args(argv)
+    if args.what == "lazy":
+        print(f"wrote {C.save('fidelity', lazy(args, C.stamp('fidelity', argv)), C.out_dir('fidelity', args))}")
+        return 0
     if args.what == "official":
         args.model_dir = str(pathlib.Path(args.model_dir).expanduser().resolve())
         args.release_code, args.out = args.release_code.resolve(), pathlib.Path(args.out or OFFICIAL)
