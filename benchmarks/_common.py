@@ -124,9 +124,7 @@ def table(t: dict[str, Any]) -> list[str]:
 
 
 def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 1 else f"{v:,.2f}"
-    return "" if v is None else str(v)
+    return "" if v is None else str(v)  # numbers as the command rounded them
 
 
 def stamp_line(run: dict[str, Any]) -> str:

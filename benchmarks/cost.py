@@ -282,7 +282,7 @@ def run_of(args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str,
                                   f"requests {c['concurrency']} at once ({c['generating_s']:.1f} s wall):",
                        "rows": [[m, c[m]["s"], c[m]["over_generating"], c[m]["requests"], c[m]["uncached_over_streams"]]
                                 for m in ROWS if m in c]})
-    return {"name": args.name or f"{info['server']}-{len(rows)}x{args.passages}", "stamp": stamp,
+    return {"name": args.name or f"{info['server']}-{args.lists}x{args.passages}", "stamp": stamp,
             "title": f"At the floor of {info['server']}, {len(rows)} DL19 lists of {args.passages} passages",
             "notes": notes(rows, names), "tables": tables, "data": {**info, "rows": rows}}
 
