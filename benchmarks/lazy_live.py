@@ -107,9 +107,11 @@ def markdown(rows: list[dict], info: dict) -> str:
     lines = ["# Lazy capcal against the whole reading, live", "",
              f"`{info['command']}` on {info['server']} ({info['model']}), commit {info['commit']}, {info['machine']}, "
              f"{info['date']}.", "",
-             "Each list ranked by capcal (`guard=None`) twice with the same prompts: whole (every trie node of both "
-             "streams) and lazy (middle steps certified by bounds). *parted*: the step where the two choices first "
-             "differ and how far the lazy choice's calibrated score is below the whole reading's best there.", "",
+             "Each list ranked by capcal (`guard=None`) twice: whole (every trie node of both streams, each prompt's "
+             "answer recorded) and lazy (middle steps certified by bounds), each prompt the lazy reading asks answered "
+             "from that record (the same numbers: a differing order would be the certificate's, not the server's "
+             "drift). *parted*: the step where the two choices first differ and how far the lazy choice's calibrated "
+             "score is below the whole reading's best there.", "",
              "| alpha | lists | identical orders | parted (step: gap) | middle steps certified early | nodes / list, "
              "lazy | nodes / list, whole | lazy / whole | lazy prompts not in the record |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
