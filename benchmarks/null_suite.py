@@ -46,6 +46,7 @@ import math
 import multiprocessing
 import pathlib
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ sys.path.insert(0, str(HERE))
 
 from decisions import list_of, load_grades, upper_bound  # noqa: E402
 
-from capcal_integrations.content_check import query_contrast, rules  # noqa: E402
+from capcal_integrations.content_check import evidence, query_contrast, rules  # noqa: E402
 from capcal_integrations.content_check.contrast import MIN_PASSAGES, Reading  # noqa: E402
 from capcal_integrations.content_check.evidence import CAP  # noqa: E402
 from capcal_integrations.testbed.model import SCENARIOS  # noqa: E402
@@ -128,6 +129,16 @@ def power_cells() -> list[Cell]:
     return [Cell(f"{kind} reader, {shape}", s=s, shape=shape, **extra)
             for s in (0.5, 1.0) for shape in ("fixed", "mixed", "windows")
             for kind, extra in (("plain", {}), ("sharpened 1.3x own .5", REAL_NULL))]
+
+
+def beyond_cells() -> list[Cell]:
+    """Weak tastes sharpened near and past 3x, beside the null cell the taste gate over the scales 0.5-3 was made for
+    (3x own SD .17): its neighbours inside that range (the gate's guarantee covers them), and copies sharper than 3x
+    (where no guarantee holds: where the rule cannot know). Not goals of issue 48; measured so that the docs can say
+    how far the rule holds."""
+    return [Cell(f"sharpened {scale:g}x, own SD {own:g}", own=own, scale=scale)
+            for scale, own in ((2.5, 0.17), (3.0, 0.1), (3.0, 0.25), (3.0, 0.35), (3.5, 0.17), (4.0, 0.1), (4.0, 0.17),
+                               (4.0, 0.3), (5.0, 0.1))]
 
 
 def refused_cells() -> list[Cell]:
@@ -278,24 +289,28 @@ def run_cell(pool, cell: Cell, draws: int, grades: list[list[int]], base: int, s
     return row
 
 
-def report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict) -> str:
+def report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict, beyond: list[dict] = ()) -> str:
     lines = ["# The default rule under the nulls real models produce", "",
              f"`{meta['command']}` ({meta['seconds']:.0f} s, {meta['when']}, commit {meta['commit']}). Data: "
              f"{meta['data']} ({meta['queries']} queries). Each decision is the library's own test "
              "(`rules.RULES[\"query\"]`: each query's e-value the least over the scales "
              f"{min(meta['scales']):g}-{max(meta['scales']):g} of the sign-flip e-value of what the query adds beyond a "
              "scaled copy of the model's query-free preference, `query_contrast.judge_scaled`; the taste gate on "
-             "\"reads\", `query_contrast.relation`; the with-query taste that splits \"does not read\" from \"cannot "
-             "tell\") over queries drawn at random, each cell with seeds of its own (`null_suite.Cell.seed`). Module "
-             "docstring: what each cell simulates.", "",
+             f"\"reads\": an e-process on `query_contrast.relation` against .95 at {meta.get('related_e', 10):g}, and "
+             + (f"the product of the e-values over the scales 0.5-3 at {meta['wide_e']:g} or an e-process on the "
+                f"relation against {meta['partial']:g} at {meta['partial_e']:g}; " if "wide_e" in meta else "")
+             + f"the rule's key `{meta.get('rule', 'query-three')}`; the with-query taste that splits \"does not read\" "
+             "from \"cannot tell\") over queries drawn at random, each cell with seeds of its own "
+             "(`null_suite.Cell.seed`). Module docstring: what each cell simulates.", "",
              "## Without content (s = 0): false \"reads\"", "",
              "Goal: at most 1 %, the exact 95 % upper bound at most 1.5 %; the rest \"does not read\" or \"cannot "
-             "tell\" (or undecided at the cap of 40 queries). The earlier suite's 20 cells (the first 20 rows) ran "
-             "at 2,000 decisions each under the rule before, with at most 1 \"reads\" in any of them; on the same draws "
-             "this rule's \"reads\" are a subset of that rule's (a wider range of scales can only lower a query's "
-             "e-value, the taste gate is one more condition), so they are re-run here with fewer draws "
-             "(`--earlier-draws`) for the split of the other outcomes: \"(fewer draws)\" marks an upper bound that "
-             "only the sample's size sets.", "",
+             "tell\" (or undecided at the cap of 40 queries)." + (
+                 " The earlier suite's 20 cells (the first 20 rows) ran at 2,000 decisions each under the rule before, "
+                 "with at most 1 \"reads\" in any of them; on the same draws this rule's \"reads\" are a subset of "
+                 "that rule's (a wider range of scales can only lower a query's e-value, the taste gate is one more "
+                 "condition), so they are re-run here with fewer draws (`--earlier-draws`) for the split of the other "
+                 "outcomes: \"(fewer draws)\" marks an upper bound that only the sample's size sets."
+                 if any(r["name"] in EARLIER and r["draws"] < 2000 for r in nulls) else ""), "",
              "| null | shape | decisions | reads | rate | 95 % upper | does not read | cannot tell | undecided | "
              "median queries |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in nulls:
@@ -324,17 +339,30 @@ def report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict
         ok = r["does_not_read"] <= 0.05 * r["draws"]
         lines.append(f"| {r['name']} | {r['s']:g} | {r['draws']} | {r['reads']} | {r.get('cannot_tell', 0)} | "
                      f"{r['does_not_read']}{'' if ok else ' ✗'} | {r['undecided']} | {r['median_queries']} |")
-    lines += sweep_report(nulls, power, refused, meta)
+    if beyond:
+        lines += ["", "## Near and past the wider range: weak tastes sharpened 2.5-5x (not goals)", "",
+                  "The neighbours of the cell \"sharpened 3x, own SD 0.17\" inside the scales 0.5-3 (the taste gate's "
+                  "guarantee covers them), and copies sharper than 3x, where no guarantee holds: where the rule cannot "
+                  "know without labels.", "",
+                  "| null | decisions | reads | rate | 95 % upper | does not read | cannot tell | undecided | "
+                  "median queries |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['name']} | {r['draws']} | {r['reads']} | {100 * r['reads_rate']:.2f} % | "
+                  f"{100 * r['reads_upper_95']:.2f} % | {r['does_not_read']} | {r['cannot_tell']} | {r['undecided']} | "
+                  f"{r['median_queries']} |" for r in beyond]
+    lines += sweep_report(nulls, power, refused, meta, list(beyond))
     return "\n".join(lines) + "\n"
 
 
-def sweep_report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict) -> list[str]:
+def sweep_report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict, beyond: list[dict] = ()
+                 ) -> list[str]:
     """The variants of ``--sweep`` beside the rule, on the same draws: false "reads" (with the upper bound) per null
     cell, "reads" within the goal's queries per power cell, "does not read" per refused-reader cell."""
     variants = [r["fields"] for r in (nulls + power + refused)[0].get("sweep", [])] if nulls + power + refused else []
     if not variants:
         return []
-    names = ["the rule", *(", ".join(f"{k} {v:g}" for k, v in f.items()) for f in variants)]
+    labels = meta.get("sweep_labels") or [""] * len(variants)
+    names = ["the rule", *((f"{label}: " if label else "") + ", ".join(f"{k} {v:g}" for k, v in f.items())
+                           for label, f in zip(labels, variants))]
     head = ["| cell | decisions | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
 
     def null_cell(r: dict) -> str:
@@ -346,8 +374,8 @@ def sweep_report(nulls: list[dict], power: list[dict], refused: list[dict], meta
     lines = ["", "## The rule's variants on the same draws (`--sweep`)", "",
              "Each draw's queries are read once and decided by the rule and by each variant (its `Evidence` fields set "
              "as named). False \"reads\" (95 % upper bound):", "", *head]
-    lines += [f"| {r['name']} | {r['draws']} | " + " | ".join(null_cell(x) for x in [r, *r["sweep"]]) + " |"
-              for r in nulls]
+    lines += [f"| {r['name']}{(' (past 3x)' if r['scale'] > 3 else ' (near)') if r in beyond else ''} | {r['draws']} | "
+              + " | ".join(null_cell(x) for x in [r, *r["sweep"]]) + " |" for r in [*nulls, *beyond]]
     lines += ["", "\"reads\" within 24 queries (s = .5) or 12 (s = 1):", "", *head]
     lines += [f"| {r['name']}, s = {r['s']:g} | {r['draws']} | " + " | ".join(power_cell(x, r["s"]) for x in
                                                                          [r, *r["sweep"]]) + " |" for r in power]
@@ -363,6 +391,7 @@ def main() -> int:
     ap.add_argument("--draws", type=int, default=2000, help="decisions per null cell")
     ap.add_argument("--power-draws", type=int, default=400, help="decisions per power cell")
     ap.add_argument("--refused-draws", type=int, default=400, help="decisions per refused-reader cell")
+    ap.add_argument("--beyond-draws", type=int, default=1000, help="decisions per cell of beyond_cells (0: none)")
     ap.add_argument("--earlier-draws", type=int, default=0, help="decisions per null cell of the earlier suite (0: "
                     "--draws). The rule's changes since can only lower their false \"reads\": a wider range of scales "
                     "lowers each query's e-value, the taste gate adds a condition")
@@ -374,20 +403,22 @@ def main() -> int:
     ap.add_argument("--scales", default="", help="the rule's scales instead of query_contrast.SCALES (comma list; "
                     "'1': the rule before issue 33, what the query adds at scale 1 only)")
     ap.add_argument("--sweep", default="", help="also decide every draw by variants of the rule's test, on the same "
-                    "queries (common random numbers): ';'-separated, each a comma list of Evidence fields, e.g. "
-                    "'related_e=30;related_e=100'")
+                    "queries (common random numbers): ';'-separated, each a comma list of Evidence fields after an "
+                    "optional 'label:', e.g. 'gate before:wide_e=0,partial_e=0;related_e=100'")
     ap.add_argument("--out", default=str(HERE / "results" / "null-suite"))
     ap.add_argument("--report-only", action="store_true", help="rewrite --out's report from its JSON")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
     if a.report_only:
         saved = json.loads(out.with_suffix(".json").read_text())
-        out.with_suffix(".md").write_text(report(saved["nulls"], saved["power"], saved["refused"], saved["meta"]))
+        out.with_suffix(".md").write_text(report(saved["nulls"], saved["power"], saved["refused"], saved["meta"],
+                                                 saved.get("beyond", [])))
         return 0
     if a.scales:  # set before the pool forks
         query_contrast.SCALES = tuple(float(x) for x in a.scales.split(","))
-    sweep = tuple({k: float(v) for k, v in (f.split("=") for f in part.split(","))}
+    sweep = tuple({k.strip(): float(v) for k, v in (f.split("=") for f in part.split(":")[-1].split(","))}
                   for part in a.sweep.split(";") if part)
+    labels = [part.split(":")[0].strip() if ":" in part else "" for part in a.sweep.split(";") if part]
     grades = load_grades(a.data)
     start = time.perf_counter()
     with multiprocessing.Pool(a.workers) as pool:
@@ -396,15 +427,19 @@ def main() -> int:
         power = [run_cell(pool, c, a.power_draws, grades, a.seed, sweep) for c in power_cells() if a.only in c.name]
         refused = [run_cell(pool, c, a.refused_draws, grades, a.seed, sweep) for c in refused_cells()
                    if a.only in c.name]
+        beyond = [run_cell(pool, c, a.beyond_draws, grades, a.seed, sweep) for c in beyond_cells()
+                  if a.only in c.name] if a.beyond_draws else []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
-    meta = {"command": "python benchmarks/null_suite.py " + " ".join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d"),
+    meta = {"command": "python benchmarks/null_suite.py " + shlex.join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d"),
+            "sweep_labels": labels,
             "commit": commit or "unknown",
-            "scales": list(query_contrast.SCALES),
+            "scales": list(query_contrast.SCALES), "rule": RULE.key, "related_e": evidence.RELATED_E,
+            "wide_e": evidence.WIDE_E, "partial": evidence.PARTIAL, "partial_e": evidence.PARTIAL_E,
             "seconds": time.perf_counter() - start, "data": pathlib.Path(a.data).name, "queries": len(grades)}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "nulls": nulls, "power": power, "refused": refused},
-                                                   indent=1) + "\n")
-    out.with_suffix(".md").write_text(report(nulls, power, refused, meta))
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "nulls": nulls, "power": power, "refused": refused,
+                                                    "beyond": beyond}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(report(nulls, power, refused, meta, beyond))
     print(out.with_suffix(".md").read_text())
     return 0
 

@@ -74,8 +74,12 @@ KAPPA = 0.15
 #: Down to 0.5 (a dampened copy costs a reader nothing); not above 2: subtracting a larger multiple of the noisy
 #: query-free estimates drowns a reader's signal (a range up to 3 or 4 leaves readers at s = .5 "reads" within 24
 #: queries in 50-90 % of runs: ``benchmarks/null_suite.py``), and a sharper copy than 2x is left to the taste gate
-#: (:func:`relation`).
+#: (:func:`relation`, and the e-values over :data:`WIDE_SCALES`: :class:`~.evidence.Evidence`).
 SCALES = tuple(sorted({1.0, *(round(0.5 * 4.0 ** (k / 20), 4) for k in range(21))}))  # 0.5 ... 2.0, geometric, and 1
+#: The scales past :data:`SCALES` that the taste gate's second e-value also allows (2 ... 3, the same geometric step):
+#: a query's e-value over 0.5-3 is the least of its e-value over :data:`SCALES` and over these
+#: (:class:`~.evidence.Evidence`: "reads" needs their product at :data:`~.evidence.WIDE_E`, or a relation well below 1).
+WIDE_SCALES = tuple(round(2.0 * 1.5 ** (k / 6), 4) for k in range(7))
 
 
 def reading_orders(n: int) -> list[list[int]]:
@@ -286,26 +290,28 @@ def relation(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]) -> fl
     return max(-1.0, min(1.0, ef / math.sqrt(ee * ff)))
 
 
-def summary(reading: Reading) -> tuple[float, float, int, float, float, float, float]:
-    """``(score, alignment, pairs, e, taste, e_taste, related)``, as :meth:`~.evidence.Evidence.add` takes them: what
-    the query adds (:func:`judge_scaled`), the with-query estimates' own agreement and sign-flip e-value (:func:`judge`
-    of ``e_i``: does the model prefer some passages consistently with the query, whatever the reason), and how much of
-    that its query-free preference accounts for (:func:`relation`).
+def summary(reading: Reading) -> tuple[float, float, int, float, float, float, float, float]:
+    """``(score, alignment, pairs, e, taste, e_taste, related, e_wide)``, as :meth:`~.evidence.Evidence.add` takes
+    them: what the query adds (:func:`judge_scaled`), the with-query estimates' own agreement and sign-flip e-value
+    (:func:`judge` of ``e_i``: does the model prefer some passages consistently with the query, whatever the reason),
+    how much of that its query-free preference accounts for (:func:`relation`), and the query's e-value over the wider
+    range of scales 0.5-3 (the least of ``e`` and :func:`judge_scaled` over :data:`WIDE_SCALES`).
 
     A preference the query does not change counts for nothing (though it is a taste); one it creates does:
 
     >>> b, own, rel = [1.0, 0.0, 0.5, -1.0, 0.2, 0.3], [0.3, -0.2, 0.1, 0.4, 0.0, 0.1], [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     >>> read = lambda c: [tuple(b[j] + c[o[j]] for j in range(6)) for o in reading_orders(6)]
     >>> [round(x, 3) for x in summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))]
-    [1.0, 0.902, 3, 2.101, 1.0, 2.101, 0.901]
+    [1.0, 0.902, 3, 2.101, 1.0, 2.101, 0.901, 2.101]
     >>> [round(x, 3) for x in summary(Reading((*read(own), *read(own))))]
-    [0.0, 0.0, 3, 1.0, 1.0, 2.101, 1.0]
+    [0.0, 0.0, 3, 1.0, 1.0, 2.101, 1.0, 1.0]
     """
     return facts(*estimate_pairs(reading))
 
 
 def facts(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]
-          ) -> tuple[float, float, int, float, float, float, float]:
+          ) -> tuple[float, float, int, float, float, float, float, float]:
     """:func:`summary` from the estimates with the query (``es``) and without it (``fs``)."""
     taste, _, _, e_taste = judge(es)
-    return (*judge_scaled(es, fs), taste, e_taste, relation(es, fs))
+    scaled = judge_scaled(es, fs)
+    return (*scaled, taste, e_taste, relation(es, fs), min(scaled[3], judge_scaled(es, fs, WIDE_SCALES)[3]))
