@@ -406,9 +406,28 @@ def main() -> int:
                     "queries (common random numbers): ';'-separated, each a comma list of Evidence fields after an "
                     "optional 'label:', e.g. 'gate before:wide_e=0,partial_e=0;related_e=100'")
     ap.add_argument("--out", default=str(HERE / "results" / "null-suite"))
+    ap.add_argument("--part", choices=("all", "earlier", "rest"), default="all", help="earlier: only the earlier "
+                    "suite's 20 null cells; rest: every other cell (the new null cells, power, refused, beyond); all: "
+                    "both (--merge joins parts run apart)")
+    ap.add_argument("--merge", nargs="+", default=[], help="write --out's report from these runs' JSON files (parts "
+                    "run apart), each run's command, time and commit kept")
     ap.add_argument("--report-only", action="store_true", help="rewrite --out's report from its JSON")
     a = ap.parse_args()
     out = pathlib.Path(a.out)
+    if a.merge:
+        runs = [json.loads(pathlib.Path(f).read_text()) for f in a.merge]
+        merged = {"meta": {**runs[0]["meta"], "parts": [r["meta"] for r in runs],
+                           "command": " and ".join(f"`{r['meta']['command']}`" for r in runs).strip("`"),
+                           "seconds": sum(r["meta"]["seconds"] for r in runs),
+                           "commit": ", ".join(dict.fromkeys(r["meta"]["commit"] for r in runs))}}
+        order = {c.name: i for i, c in enumerate(null_cells())}
+        for kind in ("nulls", "power", "refused", "beyond"):
+            merged[kind] = [row for r in runs for row in r.get(kind, [])]
+        merged["nulls"].sort(key=lambda row: order.get(row["name"], len(order)))
+        out.with_suffix(".json").write_text(json.dumps(merged, indent=1) + "\n")
+        out.with_suffix(".md").write_text(report(merged["nulls"], merged["power"], merged["refused"], merged["meta"],
+                                                 merged["beyond"]))
+        return 0
     if a.report_only:
         saved = json.loads(out.with_suffix(".json").read_text())
         out.with_suffix(".md").write_text(report(saved["nulls"], saved["power"], saved["refused"], saved["meta"],
@@ -422,13 +441,15 @@ def main() -> int:
     grades = load_grades(a.data)
     start = time.perf_counter()
     with multiprocessing.Pool(a.workers) as pool:
+        def wanted(cell: Cell, earlier: bool = False) -> bool:
+            return a.only in cell.name and (a.part == "all" or (a.part == "earlier") == earlier)
+
         nulls = [run_cell(pool, c, a.draws if c.name not in EARLIER or not a.earlier_draws else a.earlier_draws,
-                          grades, a.seed, sweep) for c in null_cells(a.dedup) if a.only in c.name]
-        power = [run_cell(pool, c, a.power_draws, grades, a.seed, sweep) for c in power_cells() if a.only in c.name]
-        refused = [run_cell(pool, c, a.refused_draws, grades, a.seed, sweep) for c in refused_cells()
-                   if a.only in c.name]
+                          grades, a.seed, sweep) for c in null_cells(a.dedup) if wanted(c, c.name in EARLIER)]
+        power = [run_cell(pool, c, a.power_draws, grades, a.seed, sweep) for c in power_cells() if wanted(c)]
+        refused = [run_cell(pool, c, a.refused_draws, grades, a.seed, sweep) for c in refused_cells() if wanted(c)]
         beyond = [run_cell(pool, c, a.beyond_draws, grades, a.seed, sweep) for c in beyond_cells()
-                  if a.only in c.name] if a.beyond_draws else []
+                  if wanted(c)] if a.beyond_draws else []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     meta = {"command": "python benchmarks/null_suite.py " + shlex.join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d"),
