@@ -291,7 +291,9 @@ def run_cell(pool, cell: Cell, draws: int, grades: list[list[int]], base: int, s
 
 def report(nulls: list[dict], power: list[dict], refused: list[dict], meta: dict, beyond: list[dict] = ()) -> str:
     lines = ["# The default rule under the nulls real models produce", "",
-             f"`{meta['command']}` ({meta['seconds']:.0f} s, {meta['when']}, commit {meta['commit']}). Data: "
+             f"`{meta['command']}` ({meta['seconds']:.0f} s, {meta['when']}, commit {meta['commit']}"
+             + (f"; **stopped early: {meta['cells_done']} of its {meta['cells']} cells ran**, the others are not in "
+                "this report" if meta.get("cells_done", 0) < meta.get("cells", 0) else "") + "). Data: "
              f"{meta['data']} ({meta['queries']} queries). Each decision is the library's own test "
              "(`rules.RULES[\"query\"]`: each query's e-value the least over the scales "
              f"{min(meta['scales']):g}-{max(meta['scales']):g} of the sign-flip e-value of what the query adds beyond a "
@@ -440,27 +442,34 @@ def main() -> int:
     labels = [part.split(":")[0].strip() if ":" in part else "" for part in a.sweep.split(";") if part]
     grades = load_grades(a.data)
     start = time.perf_counter()
-    with multiprocessing.Pool(a.workers) as pool:
-        def wanted(cell: Cell, earlier: bool = False) -> bool:
-            return a.only in cell.name and (a.part == "all" or (a.part == "earlier") == earlier)
+    def wanted(cell: Cell, earlier: bool = False) -> bool:
+        return a.only in cell.name and (a.part == "all" or (a.part == "earlier") == earlier)
 
-        nulls = [run_cell(pool, c, a.draws if c.name not in EARLIER or not a.earlier_draws else a.earlier_draws,
-                          grades, a.seed, sweep) for c in null_cells(a.dedup) if wanted(c, c.name in EARLIER)]
-        power = [run_cell(pool, c, a.power_draws, grades, a.seed, sweep) for c in power_cells() if wanted(c)]
-        refused = [run_cell(pool, c, a.refused_draws, grades, a.seed, sweep) for c in refused_cells() if wanted(c)]
-        beyond = [run_cell(pool, c, a.beyond_draws, grades, a.seed, sweep) for c in beyond_cells()
-                  if wanted(c)] if a.beyond_draws else []
+    # the new null cells, the readers, then the earlier suite's cells and the weak tastes past the range; the report
+    # is written after every cell (a run stopped early keeps what it finished, and says so)
+    tasks = [("nulls", c, a.draws) for c in null_cells(a.dedup) if c.name not in EARLIER and wanted(c)]
+    tasks += [("power", c, a.power_draws) for c in power_cells() if wanted(c)]
+    tasks += [("refused", c, a.refused_draws) for c in refused_cells() if wanted(c)]
+    tasks += [("nulls", c, a.earlier_draws or a.draws) for c in null_cells(a.dedup) if c.name in EARLIER
+              and wanted(c, True)]
+    tasks += [("beyond", c, a.beyond_draws) for c in beyond_cells() if wanted(c) and a.beyond_draws]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
-    meta = {"command": "python benchmarks/null_suite.py " + shlex.join(sys.argv[1:]), "when": time.strftime("%Y-%m-%d"),
-            "sweep_labels": labels,
-            "commit": commit or "unknown",
-            "scales": list(query_contrast.SCALES), "rule": RULE.key, "related_e": evidence.RELATED_E,
-            "wide_e": evidence.WIDE_E, "partial": evidence.PARTIAL, "partial_e": evidence.PARTIAL_E,
-            "seconds": time.perf_counter() - start, "data": pathlib.Path(a.data).name, "queries": len(grades)}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "nulls": nulls, "power": power, "refused": refused,
-                                                    "beyond": beyond}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(report(nulls, power, refused, meta, beyond))
+    rows: dict[str, list[dict]] = {"nulls": [], "power": [], "refused": [], "beyond": []}
+    order = {c.name: i for i, c in enumerate(null_cells(a.dedup))}
+    with multiprocessing.Pool(a.workers) as pool:
+        for done, (kind, cell, draws) in enumerate(tasks, 1):
+            rows[kind].append(run_cell(pool, cell, draws, grades, a.seed, sweep))
+            rows["nulls"].sort(key=lambda row: order.get(row["name"], len(order)))
+            meta = {"command": "python benchmarks/null_suite.py " + shlex.join(sys.argv[1:]),
+                    "when": time.strftime("%Y-%m-%d"), "sweep_labels": labels, "commit": commit or "unknown",
+                    "scales": list(query_contrast.SCALES), "rule": RULE.key, "related_e": evidence.RELATED_E,
+                    "wide_e": evidence.WIDE_E, "partial": evidence.PARTIAL, "partial_e": evidence.PARTIAL_E,
+                    "seconds": time.perf_counter() - start, "data": pathlib.Path(a.data).name,
+                    "queries": len(grades), "cells_done": done, "cells": len(tasks)}
+            out.with_suffix(".json").write_text(json.dumps({"meta": meta, **rows}, indent=1) + "\n")
+            out.with_suffix(".md").write_text(report(rows["nulls"], rows["power"], rows["refused"], meta,
+                                                     rows["beyond"]))
     print(out.with_suffix(".md").read_text())
     return 0
 
