@@ -25,16 +25,19 @@ passage) stays, and with the query it is ``scale`` times as sharp. The nulls (``
   (lognormal, median 1.3, sdlog .3), content weights per slot with the query only (``1 + N(0, 1)``: "lost in the
   middle" only with the query), and a query-shifted, top-8 censored prior on a taste sharpened 2.5x;
 
-the power cells (``s`` = .5 and 1): a plain reader and a sharpened reader (own SD .5, scale 1.3), in every shape; and
-the readers a label-free rule may not tell from a taste of the model's own (``refused_cells``): the query-free prompt
-still shows .5x the relevance, or the given order is reversed (worst first).
+the power cells (``s`` = .5 and 1): a plain reader and a sharpened reader (own SD .5, scale 1.3), in every shape; the
+readers a label-free rule may not tell from a taste of the model's own (``refused_cells``): the query-free prompt
+still shows .5x the relevance, or the given order is reversed (worst first); and, not goals, weak tastes sharpened
+2.5-5x (``beyond_cells``: how far the taste gate over the scales 0.5-3 holds). ``--sweep`` decides every draw again by
+variants of the rule's test (``Evidence`` fields) on the same queries.
 Goals: false "reads" at most 1 % with the exact 95 % upper bound at most 1.5 % (2,000 decisions a null cell);
 "reads" within 24 queries at s = .5 and within 12 at s = 1 in at least 95 % of runs (400 a power cell); the refused
 readers "does not read" in at most 5 % (400 a cell)::
 
     python benchmarks/null_suite.py --data ../shared/data/trec-dl19-passage --workers 2
 
-writes ``benchmarks/results/null-suite.md`` and ``.json``.
+writes ``benchmarks/results/null-suite.md`` and ``.json`` after every cell (docs/content-check.md: the run kept there,
+with its ``--sweep``).
 """
 
 from __future__ import annotations
