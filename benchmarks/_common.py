@@ -24,6 +24,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 #: The questions, one a command, in the order of the results page.
@@ -148,6 +150,37 @@ def render(result: dict[str, Any]) -> str:
         for t in run.get("tables", []):
             lines += ([t["caption"], ""] if t.get("caption") else []) + table(t)
     return "\n".join(lines).rstrip() + "\n"
+
+
+class Replay(httpx.BaseTransport):
+    """An httpx transport that records each completions prompt's answer while ``recording`` and answers a prompt it
+    has a record of from it (same prompt, same top-k), sending only the others on (``missed`` counts them)."""
+
+    def __init__(self) -> None:
+        self.inner, self.record, self.recording, self.missed = httpx.HTTPTransport(), {}, True, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        from capcal_integrations.testbed.endpoint import _prompt_list
+
+        if not request.url.path.endswith("/v1/completions"):
+            return self.inner.handle_request(request)
+        body = json.loads(request.content)
+        prompts = _prompt_list(body["prompt"])
+        keys = [json.dumps([p, body.get("logprobs")]) for p in prompts]
+        todo = list(range(len(keys))) if self.recording else [k for k, key in enumerate(keys) if key not in self.record]
+        if todo:
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+            answer = self.inner.handle_request(httpx.Request("POST", request.url, headers=headers, json={
+                **body, "prompt": [prompts[k] for k in todo]}))
+            answer.read()
+            if answer.status_code != 200:
+                return answer
+            for k, choice in zip(todo, sorted(answer.json()["choices"], key=lambda c: c["index"])):
+                self.record[keys[k]] = choice
+            self.missed += 0 if self.recording else len(todo)
+        return httpx.Response(200, json={"object": "text_completion", "model": body.get("model"), "choices": [
+            {**self.record[key], "index": i} for i, key in enumerate(keys)], "usage": {
+                "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
 
 
 @contextlib.contextmanager

@@ -38,7 +38,10 @@ def test_a_readme_number_that_disagrees_with_its_json_fails():
     assert page.quotes_disagreeing(changed) != []
 
 
-def test_every_run_is_stamped():
+def test_results_hold_one_folder_per_command_and_every_run_is_stamped():
+    assert {p.name for p in C.RESULTS.iterdir()} == set(C.QUESTIONS)
+    for command in C.QUESTIONS:  # its .md, its .json, and the raw records its runs read or wrote
+        assert {p.name for p in (C.RESULTS / command).iterdir()} <= {f"{command}.md", f"{command}.json", "records"}
     for command in C.QUESTIONS:
         path = C.RESULTS / command / f"{command}.json"
         if not path.is_file():
@@ -52,7 +55,7 @@ def test_every_run_is_stamped():
                 assert all(len(row) == len(t["columns"]) for row in t["rows"]), run["name"]
 
 
-@pytest.mark.parametrize("command", ["quality", "cost", "fidelity", "peers"])
+@pytest.mark.parametrize("command", list(C.QUESTIONS))
 def test_each_command_documents_a_smoke_and_a_full_run(command):
     lines = page.commands(command)
     assert any("--smoke" in line for line in lines) and any("--smoke" not in line for line in lines)

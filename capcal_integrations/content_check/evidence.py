@@ -35,8 +35,27 @@ saying "reads":
 A rule that computes each query's own e-value (the query rule: :func:`.query_contrast.judge`) passes it to
 :meth:`Evidence.add`, and the "reads" side multiplies those instead of betting on the scores.
 
+**The taste gate on "reads"** (a rule that reports each query's relation and its e-value over a wider range of
+scales: :func:`.query_contrast.summary`). The query rule's e-value is valid for a model whose with-query preference
+is its query-free one scaled by 0.5-2 (:data:`.query_contrast.SCALES`); "reads" also needs
+
+* an e-process against "the mean relation is at least :data:`RELATED`" at :data:`RELATED_E` (a copy of the model's
+  own taste that no scale fits: sharpened non-linearly, per passage, past 2x, with a taste strong enough to show
+  without the query), **and**
+* either the product of the queries' e-values over the scales 0.5-3 (:data:`.query_contrast.WIDE_SCALES`) at
+  :data:`WIDE_E`: for a copy scaled by any factor up to 3, however weak its taste, Ville's inequality bounds the chance
+  that it ever does by ``1 / WIDE_E``; or an e-process against "the mean relation is at least :data:`PARTIAL`" at
+  :data:`PARTIAL_E` (a reader without a taste of its own, whose relation is about 0, passes here: subtracting up to 3x
+  its noisy query-free estimates slows the first).
+
+A copy scaled by 2-3 thus says "reads" with probability at most ``1 / WIDE_E + 1 / PARTIAL_E`` (4 %) if its queries'
+relations have mean at least :data:`PARTIAL`, however weak its taste. ``relation`` is an estimate from noisy readings:
+for a taste below the readings' noise (SD .17 logits) sharpened 2-3x its mean is .75-.76 where the copy's true relation
+is 1, so the first condition alone did not hold such a copy back (6.7 % false "reads" at 3x; raising
+:data:`RELATED_E` to 1,000: 5.5 %). Measured: ``python -m benchmarks.decisions nulls``.
+
 One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``), so one loud list
-cannot decide alone. Measured on the testbed (``benchmarks/decisions.py``).
+cannot decide alone. Measured on the testbed (``python -m benchmarks.decisions nulls``).
 
 Pure; no I/O. :mod:`.check` pools the queries' readings with it.
 """
@@ -47,7 +66,7 @@ import math
 from dataclasses import dataclass, field
 
 __all__ = ["LAMBDAS", "LEVEL", "MISS", "EFFECT", "CAP", "ALIGN_E", "ALIGN_LAMBDAS", "FULL_PAIRS", "ALIGN_EFFECT",
-           "TASTE_E", "RELATED", "RELATED_E", "RELATED_BETS", "Evidence"]
+           "TASTE_E", "RELATED", "RELATED_E", "RELATED_BETS", "WIDE_E", "PARTIAL", "PARTIAL_E", "Evidence"]
 
 #: The betting fractions mixed by both e-processes.
 LAMBDAS = (0.2, 0.4, 0.6, 0.8, 0.95)
@@ -58,14 +77,15 @@ LEVEL = 0.01
 #: False "does not read" for a model whose queries score at least :data:`EFFECT`, at most this.
 MISS = 0.05
 #: The smallest mean query score (:func:`agreement`) worth calibrating for: on the testbed a content slope of
-#: about 0.15 logits per relevance grade (0.2 scores about 0.5; ``benchmarks/decisions.py`` measures it).
+#: about 0.15 logits per relevance grade (0.2 scores about 0.5; the ``decisions-content-rule`` run measured it).
 EFFECT = 0.4
 #: Queries after which an undecided check says "does not read (undecided)".
 CAP = 40
 #: "reads" also needs the e-process for "the content goes the first stage's way" at this: a model whose content
-#: goes neither way reaches it with probability at most 1/20. Chosen on ``benchmarks/decisions.py`` (the testbed's
-#: readers: within 24 queries at s = .5 in 92-96 % of top-20 runs) against ``benchmarks/real_decision.py`` (the
-#: packaged 0.5B's 43 DL19 readings: "reads" in no query order tried but 1.6 % of 500 random ones; 5: 3.8 %).
+#: goes neither way reaches it with probability at most 1/20. Chosen on the testbed (the ``decisions-content-rule`` run
+#: of ``benchmarks/results/decisions/decisions.md``: readers within 24 queries at s = .5 in 92-96 % of top-20 runs)
+#: against a real model (its ``real-decision-0.5b`` run: the packaged 0.5B's 43 DL19 readings: "reads" in no query
+#: order tried but 1.6 % of 500 random ones; 5: 3.8 %).
 ALIGN_E = 20.0
 #: The betting fraction of the alignment e-process (a high one: a model whose alignments swing between -1 and
 #: +1, as the packaged models' do, loses its evidence fast; a reader's, about .33 +- .34 a query on DL19, builds).
@@ -80,10 +100,25 @@ ALIGN_EFFECT = 0.15
 #: non-linearly or per passage; .82 for the testbed's reader at s = .5 with a taste of SD .5) ...
 RELATED = 0.95
 #: ... shown by an e-process against "the mean relation is at least :data:`RELATED`" that reaches this: a model whose
-#: with-query preference is such a copy reaches it with probability at most ``1 / RELATED_E``, whatever the copy.
+#: queries' relations have mean at least :data:`RELATED` reaches it with probability at most ``1 / RELATED_E``. That
+#: holds for a copy of a taste strong enough to show without the query (.98-.99 for own SD .5 sharpened 2.5-3x), not
+#: for a weaker one: ``relation`` is estimated from noisy readings, and a taste of SD .17 sharpened 3x averages .76
+#: (raising this threshold to 1,000 took its false "reads" only from 6.7 % to 5.5 %): :data:`WIDE_E` is for those.
 RELATED_E = 10.0
 #: The betting fractions of that e-process (per unit of ``RELATED - relation``).
 RELATED_BETS = (0.5, 1.0, 2.0, 4.0)
+#: "reads" also needs the product of the queries' e-values over the wider range of scales 0.5-3
+#: (:data:`.query_contrast.WIDE_SCALES`: its mean is at most 1 for a copy of the model's own taste scaled by any factor
+#: in it, however weak the taste, so such a copy reaches this with probability at most ``1 / WIDE_E``) ...
+WIDE_E = 50.0
+#: ... or an e-process against "the mean relation is at least :data:`PARTIAL`" (the query-free preference accounts for
+#: half the with-query one or more; the bets :data:`RELATED_BETS`, capped at ``.95 / (1 - PARTIAL)``) to reach
+#: :data:`PARTIAL_E`: a reader without a taste of its own (relation about 0) passes here, where subtracting up to 3x its
+#: noisy query-free estimates slows its e-values over the wider range. Chosen on the null suite's cells (``benchmarks/_nulls.py``)
+#: (50 and 50: no false "reads" in 2,000 at 3x own SD .17, power at least 96 % in every shape; 20 and 10: 5 of 2,000;
+#: 100 and 100: a plain reader at s = 1 on windows within 12 queries in 90 %).
+PARTIAL = 0.5
+PARTIAL_E = 50.0
 #: "cannot tell" also needs this much evidence that the model's with-query preferences are consistent (the product of
 #: the queries' taste e-values): a model whose preferences are slot effects and noise reaches it with probability at
 #: most ``1 / TASTE_E``, and is called "does not read" instead.
@@ -114,7 +149,9 @@ class Evidence:
     align_e: float = ALIGN_E  # the alignment evidence "reads" needs (a field so that benchmarks can sweep it)
     lambdas: tuple[float, ...] = LAMBDAS  # the betting fractions of the agreement e-processes (each in (0, 1))
     bet_pairs: int = 0  # lists of fewer slot pairs bet pairs / bet_pairs of the agreement bets (0: all bet the same)
-    related_e: float = RELATED_E  # the taste gate's evidence "reads" needs (a field so that benchmarks can sweep it)
+    related_e: float = RELATED_E  # the taste gate's evidence "reads" needs (fields so that benchmarks can sweep them)
+    wide_e: float = WIDE_E
+    partial_e: float = PARTIAL_E
     scores: list[float] = field(default_factory=list)
     alignments: list[float] = field(default_factory=list)
     _reads: list[float] = field(default_factory=list, repr=False)
@@ -124,6 +161,9 @@ class Evidence:
     _flat: list[float] = field(default_factory=list, repr=False)
     _taste: float = field(default=1.0, repr=False)
     _unrelated: list[float] = field(default_factory=lambda: [1.0] * len(RELATED_BETS), repr=False)
+    _partial: list[float] = field(default_factory=lambda: [1.0] * len(RELATED_BETS), repr=False)
+    _wide: float = field(default=1.0, repr=False)
+    wides: int = 0  # how many queries gave an e-value over the wider range of scales
     relations: list[float] = field(default_factory=list)  # the queries' relations (the taste gate)
     tastes: list[float] = field(default_factory=list)  # the queries' with-query taste scores (three outcomes)
     verdict: str | None = None
@@ -183,14 +223,28 @@ class Evidence:
         (:data:`RELATED_E` is needed for "reads" where the rule reports relations; infinite where it does not)."""
         return math.fsum(self._unrelated) / len(self._unrelated) if self.relations else math.inf
 
+    @property
+    def for_wide(self) -> float:
+        """The product of the queries' e-values over the wider range of scales (:data:`WIDE_E`, or :data:`PARTIAL_E`
+        on :attr:`for_partial`, is needed for "reads" where the rule reports them; infinite where it does not)."""
+        return self._wide if self.wides else math.inf
+
+    @property
+    def for_partial(self) -> float:
+        """The e-value against "the query-free preference accounts for :data:`PARTIAL` or more of the with-query one"
+        (infinite where the rule reports no relations)."""
+        return math.fsum(self._partial) / len(self._partial) if self.relations else math.inf
+
     def add(self, score: float, aligned: float | None = None, pairs: int = FULL_PAIRS, e: float | None = None,
-            taste: float | None = None, e_taste: float | None = None, related: float | None = None) -> str | None:
+            taste: float | None = None, e_taste: float | None = None, related: float | None = None,
+            e_wide: float | None = None) -> str | None:
         """Pool one query's score (and its :func:`~.contrast.alignment`, from a list of ``pairs`` slot pairs); the verdict
         once there is one (later scores are ignored). A rule that computes the query's own e-value against "no
         content signal" (mean at most 1 without it: :func:`.query_contrast.judge`) passes it as ``e``; the
         "reads" side then multiplies by it instead of betting on the score. A rule that also passes the with-query
         ``taste`` (score) and ``e_taste`` (its e-value) gets three outcomes, and one that passes ``related`` (how much of
-        the with-query preference the query-free one accounts for) the taste gate on "reads" (module docstring)."""
+        the with-query preference the query-free one accounts for) and ``e_wide`` (its e-value over the scales 0.5-3)
+        the taste gate on "reads" (module docstring)."""
         if self.verdict is not None:
             return self.verdict
         x = max(-1.0, min(1.0, float(score)))
@@ -217,9 +271,15 @@ class Evidence:
             self.relations.append(r)
             cap = 0.95 / (1.0 - RELATED)  # keeps 1 + bet * (RELATED - r) > 0 for r <= 1
             self._unrelated = [k * (1.0 + min(b, cap) * (RELATED - r)) for k, b in zip(self._unrelated, RELATED_BETS)]
+            cap = 0.95 / (1.0 - PARTIAL)
+            self._partial = [k * (1.0 + min(b, cap) * (PARTIAL - r)) for k, b in zip(self._partial, RELATED_BETS)]
+        if e_wide is not None:
+            self.wides += 1
+            self._wide *= max(0.0, float(e_wide))
         refused = self.for_not >= 1.0 / self.miss or self.against_alignment >= 1.0 / self.miss
         if (self.for_reads >= 1.0 / self.level and self.for_aligned >= self.align_e
-                and self.for_unrelated >= self.related_e):
+                and self.for_unrelated >= self.related_e
+                and (self.for_wide >= self.wide_e or self.for_partial >= self.partial_e)):
             self.verdict = "reads"
         elif self.tastes and self.for_flat >= 1.0 / self.miss:
             self.verdict = "does not read"

@@ -2,8 +2,8 @@
 
 The content check (:mod:`.contrast`) asks whether the passages move the model, slot effects cancelled. A model
 with consistent preferences of its own (length, style, a word) passes that test without reading the query;
-both packaged models have such preferences on DL19 (``benchmarks/results/real-decision-*.md``), and the
-alignment evidence that keeps them out also delays a reader (``benchmarks/results/tradeoff.md``). This rule
+both packaged models have such preferences on DL19 (the ``real-decision-*`` runs of the decisions results), and the
+alignment evidence that keeps them out also delays a reader (its ``tradeoff`` run). This rule
 reads each query's list in pairs of orders (:func:`reading_orders`: the content check's four, and for lists of
 fewer than :data:`THIRD_BELOW` slot pairs a third pair), each order twice: with the query, and with the query
 replaced by :data:`~.prompts.QUERY_PLACEHOLDER`. A pair of orders shows every passage pair ``m`` (passages
@@ -14,7 +14,7 @@ is twice the query's effect on the pair, plus noise, ``K`` times over (``K`` pai
 
 Each ``d_i`` is **centred** over the list's pairs (:func:`centred`): in the given order the pair ``(m, m + h)`` is
 always ``h`` first-stage ranks apart, so a query effect that only lifts the first stage's better half (a lexical
-match; what both packaged models show on DL19: ``benchmarks/results/query-free-*.md``) is a constant and drops
+match; what both packaged models show on DL19: the ``query-free-*`` runs) is a constant and drops
 out like no effect at all; a reader's differs from pair to pair with relevance and remains.
 
 **Without a query effect** (or with one alike in every pair) the ``K`` centred estimates are independent and each
@@ -25,21 +25,17 @@ estimates' agreement (``S`` their mean square, the same for every pattern) and `
 mean is exactly 1 without a query effect, whatever the noise's size, shape or ties; one query multiplies the
 evidence by at most ``2^(K-1)``: 2 for a long list, 4 for a short one read in three pairs of orders.
 
-**Sharper with the query.** Real models prefer, with the query, a sharper copy of what they prefer without it
-(the packaged 0.5B's consistent signal is 1.31 times larger with the query, the 1.5B's 1.67 times): ``e_i = lambda
-f_i`` plus noise, so ``d_i = (lambda - 1) f_i`` agrees from pair to pair though nothing is read. The rule's null
-therefore includes every such model: a query's e-value is the least, over ``lambda`` from 0.8 to 2 (:data:`SCALES`),
-of the sign-flip e-value of ``e_i - lambda f_i`` (:func:`judge_scaled`). At the model's own scale that is the
-e-value above (mean at most 1), and the least over the range is at most that one, so the product over queries is a
-test supermartingale (:class:`~.evidence.Evidence`) for any model whose with-query preference is its query-free one
-scaled by a factor in that range (a factor that may change from query to query), plus noise and an effect alike in
-every pair.
+**Sharper with the query.** Real models prefer, with the query, a sharper copy of what they prefer without it (the
+packaged 0.5B's consistent signal is 1.31x larger with the query, the 1.5B's 1.67x): ``d_i = (lambda - 1) f_i``
+agrees from pair to pair though nothing is read. So a query's e-value is the least, over ``lambda`` in :data:`SCALES`
+(0.5-2), of the sign-flip e-value of ``e_i - lambda f_i`` (:func:`judge_scaled`): at most the one at the model's own
+scale (mean at most 1), so the product over queries is a test supermartingale for any such model, its scale free to
+change from query to query. The taste gate takes the same least over 0.5-3 (:data:`WIDE_SCALES`).
 
 * the query's **score** is the mean over pairs of estimates of the weighted share of passage pairs whose centred
   estimates agree in sign (in [-1, 1]; the "does not read" side of the test);
 * its **alignment** is ``sum(d_1 + ... + d_K) / sum |d_1 + ... + d_K|`` (not centred), positive when what the
-  query adds goes the first stage's way.
-
+  query adds goes the first stage's way;
 * its **taste** is the same score of the with-query estimates ``e_i`` alone, with their sign-flip e-value: whether,
   with the query, the model prefers some passages consistently at all (the "does not read" / "cannot tell" split of
   :class:`~.evidence.Evidence`).
@@ -57,25 +53,25 @@ from collections.abc import Callable, Sequence
 from . import contrast
 from .contrast import Reading, estimate, rotated_pair, share
 
-__all__ = ["THIRD_BELOW", "KAPPA", "SCALES", "reading_orders", "split", "estimate", "estimate_pairs", "differences",
-           "centred", "judge", "judge_scaled", "relation", "summary", "facts"]
+__all__ = ["THIRD_BELOW", "KAPPA", "SCALES", "WIDE_SCALES", "reading_orders", "split", "estimate", "estimate_pairs",
+           "differences", "centred", "judge", "judge_scaled", "relation", "summary", "facts"]
 
 #: Lists of fewer slot pairs than this are read in a third pair of orders (twelve readings instead of eight): a
 #: short list's two estimates agree by chance too often to bet much on (mixed lengths 3-30 at s = 1: "reads"
-#: within 12 queries in 92-95 % of testbed runs with two, 98.8-100 % with three; ``benchmarks/results/decisions-query.md``).
+#: within 12 queries in 92-95 % of testbed runs with two, 98.8-100 % with three; the ``decisions-query`` run).
 THIRD_BELOW = 10
 #: How strongly one query's agreement counts, per degree of freedom of its centred estimates (``kappa = KAPPA *
-#: (h - 1)``); chosen on the testbed's mixed lengths (0.15-0.5 tried: ``benchmarks/results/decisions-query.md``).
+#: (h - 1)``); chosen on the testbed's mixed lengths (0.15-0.5 tried: the ``decisions-query`` run).
 KAPPA = 0.15
-#: The scales ``lambda`` of a model's own preference that the rule's null allows: with the query, a model may prefer
-#: what it prefers without it, only more (or less) sharply (``lambda`` times the query-free logit differences; the
-#: packaged 0.5B's consistent signal is 1.31 times larger with the query, the 1.5B's 1.67 times). A query's e-value
-#: is the least over these scales (:func:`judge_scaled`), so it is valid whatever the query's own scale in this range.
+#: The scales ``lambda`` of a model's own preference that the rule's null allows (with the query, a model may prefer
+#: what it prefers without it, more or less sharply): a query's e-value is the least over these (:func:`judge_scaled`).
 #: Down to 0.5 (a dampened copy costs a reader nothing); not above 2: subtracting a larger multiple of the noisy
-#: query-free estimates drowns a reader's signal (a range up to 3 or 4 leaves readers at s = .5 "reads" within 24
-#: queries in 50-90 % of runs: ``benchmarks/null_suite.py``), and a sharper copy than 2x is left to the taste gate
-#: (:func:`relation`).
+#: query-free estimates drowns a reader's signal (up to 3 or 4: readers at s = .5 "read" within 24 queries in 50-90 %
+#: of runs); a sharper copy is left to the taste gate (:func:`relation`, :data:`WIDE_SCALES`, :class:`~.evidence.Evidence`).
 SCALES = tuple(sorted({1.0, *(round(0.5 * 4.0 ** (k / 20), 4) for k in range(21))}))  # 0.5 ... 2.0, geometric, and 1
+#: The scales 2-3 (the same geometric step) of the taste gate's e-value over 0.5-3: the least of a query's e-value over
+#: :data:`SCALES` and over these (:class:`~.evidence.Evidence`: "reads" needs their product at ``WIDE_E``, or more).
+WIDE_SCALES = tuple(round(2.0 * 1.5 ** (k / 6), 4) for k in range(7))
 
 
 def reading_orders(n: int) -> list[list[int]]:
@@ -116,8 +112,7 @@ def estimate_pairs(reading: Reading) -> tuple[list[list[float]], list[list[float
     with_query, free = split(reading)
     orders = reading_orders(len(reading.slots[0]))
     if len(orders) != len(with_query.slots):
-        raise ValueError(f"a list of {len(reading.slots[0])} passages is read in {len(orders)} orders, got "
-                         f"{len(with_query.slots)}")
+        raise ValueError(f"a list of {len(reading.slots[0])} passages is read in {len(orders)} orders, got {len(free.slots)}")
     es, fs = [], []
     for i in range(0, len(orders), 2):
         es.append(estimate(orders[i], orders[i + 1], with_query.slots[i], with_query.slots[i + 1]))
@@ -201,8 +196,7 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
     if k < 2 or h < 1:
         return judge([list(e) for e in es]) if es else (0.0, 0.0, 0, 1.0)
 
-    # <c_i(l), c_j(l)> = ee - l (ef + fe) + l^2 ff for c_i(l) = centred(e_i) - l centred(f_i): each scale's e-value
-    # (judge's, exactly) from these few inner products
+    # <c_i(l), c_j(l)> = ee - l (ef + fe) + l^2 ff, c_i(l) = centred(e_i) - l centred(f_i): any scale's e-value from these
     quad = {(i, j): (_dot(ce[i], ce[j]), _dot(ce[i], cf[j]) + _dot(cf[i], ce[j]), _dot(cf[i], cf[j]))
             for i in range(k) for j in range(i, k)}
     e_at = _e_at(quad, k, KAPPA * max(1, h - 1))
@@ -223,54 +217,47 @@ def judge_scaled(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]], s
 
 
 def _e_at(quad: dict[tuple[int, int], tuple[float, float, float]], k: int, kappa: float) -> Callable[[float], float]:
-    """The sign-flip e-value of :func:`judge_scaled` at one scale, from the inner products ``quad[i, j] = (<ce_i, ce_j>,
-    <ce_i, cf_j> + <cf_i, ce_j>, <cf_i, cf_j>)``: :func:`_e_general`; for ``K = 2`` pairs of orders (every list of ten
-    slot pairs or more) the same arithmetic written out for one pair and two sign patterns, which returns the same
-    float (a sum of two floats is rounded as :func:`math.fsum` rounds it; ``x + 0.0`` is ``fsum([x])``): the e-value
-    is evaluated some fifty times a query."""
-    if k != 2:
-        return lambda scale: _e_general(quad, k, kappa, scale)
-    (a0, b0, c0), (a1, b1, c1), (a, b, c) = quad[0, 0], quad[1, 1], quad[0, 1]
-    exp, isfinite = math.exp, math.isfinite
+    """:func:`judge`'s e-value of ``centred(e_i) - scale * centred(f_i)`` by scale, from the inner products ``quad``. For
+    ``K = 2`` (lists of ten slot pairs or more) the same arithmetic written out, with the same floats (a sum of two
+    floats rounds as ``fsum`` does, ``x + 0.0`` is ``fsum([x])``): it runs some fifty times a query."""
+    def general(scale: float) -> float:
+        inner = {ij: a - scale * b + scale * scale * c for ij, (a, b, c) in quad.items()}
+        norm = math.fsum(inner[i, i] for i in range(k)) / k
+        if not norm > 0 or not math.isfinite(norm):
+            return 1.0
+        agree = [(i, j, kappa * inner[i, j] / norm) for i, j in itertools.combinations(range(k), 2)]
+        ts = [math.fsum(g * signs[i] * signs[j] for i, j, g in agree)
+              for signs in ((1, *rest) for rest in itertools.product((1, -1), repeat=k - 1))]
+        top = max(ts)
+        return math.exp(ts[0] - top) / (math.fsum(math.exp(t - top) for t in ts) / len(ts))
 
-    def e_two(scale: float) -> float:
+    if k != 2:
+        return general
+    (a0, b0, c0), (a1, b1, c1), (a, b, c) = quad[0, 0], quad[1, 1], quad[0, 1]
+
+    def two(scale: float) -> float:
         squared = scale * scale
         total = (a0 - scale * b0 + squared * c0) + (a1 - scale * b1 + squared * c1)
-        if not isfinite(total):  # fsum raises or returns what + does not: the general arithmetic decides
-            return _e_general(quad, k, kappa, scale)
-        norm = total / 2
-        if not norm > 0:
+        if not math.isfinite(total):  # where fsum would raise or differ
+            return general(scale)
+        if not total / 2 > 0:
             return 1.0
-        g = kappa * (a - scale * b + squared * c) / norm
-        t0, t1 = g + 0.0, -g + 0.0  # the patterns (1, 1) and (1, -1)
+        g = kappa * (a - scale * b + squared * c) / (total / 2)
+        t0, t1 = g + 0.0, -g + 0.0  # the sign patterns (1, 1) and (1, -1)
         top = max(t0, t1)
-        first = exp(t0 - top)
-        return first / ((first + exp(t1 - top)) / 2)
+        first = math.exp(t0 - top)
+        return first / ((first + math.exp(t1 - top)) / 2)
 
-    return e_two
-
-
-def _e_general(quad: dict[tuple[int, int], tuple[float, float, float]], k: int, kappa: float, scale: float) -> float:
-    """:func:`judge`'s sign-flip e-value of ``centred(e_i) - scale * centred(f_i)``, ``i < k``, from their inner
-    products (:func:`_e_at`)."""
-    inner = {ij: a - scale * b + scale * scale * c for ij, (a, b, c) in quad.items()}
-    norm = math.fsum(inner[i, i] for i in range(k)) / k
-    if not norm > 0 or not math.isfinite(norm):
-        return 1.0
-    agree = [(i, j, kappa * inner[i, j] / norm) for i, j in itertools.combinations(range(k), 2)]
-    ts = [math.fsum(g * signs[i] * signs[j] for i, j, g in agree)
-          for signs in ((1, *rest) for rest in itertools.product((1, -1), repeat=k - 1))]
-    top = max(ts)
-    return math.exp(ts[0] - top) / (math.fsum(math.exp(t - top) for t in ts) / len(ts))
+    return two
 
 
 def relation(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]) -> float:
-    """How much of the model's with-query preference its query-free preference accounts for: the correlation over the
-    list's passage pairs of the two (centred), from products of **different** pairs of orders only, so that each
-    reading's own noise drops out of every term (``sum_{i != j} <e_i, f_j> / sqrt(sum <e_i, e_j> sum <f_i, f_j>)``),
-    in [-1, 1]; 0 where either preference shows no signal. Near 1 for a model whose with-query preference is any
-    copy of its query-free one (scaled, sharpened non-linearly, scaled per passage); a reader's is lower by what
-    relevance adds (the testbed's reader at s = .5 with a taste of SD .5: .82 on average; a plain reader: 0).
+    """How much of the model's with-query preference its query-free one accounts for: their correlation over the list's
+    passage pairs (centred), from products of **different** pairs of orders only (each reading's own noise drops out:
+    ``sum_{i != j} <e_i, f_j> / sqrt(sum <e_i, e_j> sum <f_i, f_j>)``), in [-1, 1]; 0 where either shows no signal.
+    Near 1 for a copy of a taste that shows above the noise (scaled, sharpened non-linearly, per passage), .82 for the
+    testbed's reader at s = .5 with a taste of SD .5, 0 for a plain reader; for a taste below the noise an estimate far
+    from its true 1 (.76 on average at SD .17 sharpened 3x).
 
     >>> own, rel = [1.0, -2.0, 0.5, 3.0, -1.5], [2.0, 0.0, -1.0, 1.0, -2.0]
     >>> round(relation([[2 * x for x in own]] * 2, [own] * 2), 3), round(relation([rel] * 2, [own] * 2), 3)
@@ -286,26 +273,28 @@ def relation(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]) -> fl
     return max(-1.0, min(1.0, ef / math.sqrt(ee * ff)))
 
 
-def summary(reading: Reading) -> tuple[float, float, int, float, float, float, float]:
-    """``(score, alignment, pairs, e, taste, e_taste, related)``, as :meth:`~.evidence.Evidence.add` takes them: what
-    the query adds (:func:`judge_scaled`), the with-query estimates' own agreement and sign-flip e-value (:func:`judge`
-    of ``e_i``: does the model prefer some passages consistently with the query, whatever the reason), and how much of
-    that its query-free preference accounts for (:func:`relation`).
+def summary(reading: Reading) -> tuple[float, float, int, float, float, float, float, float]:
+    """``(score, alignment, pairs, e, taste, e_taste, related, e_wide)``, as :meth:`~.evidence.Evidence.add` takes
+    them: what the query adds (:func:`judge_scaled`), the with-query estimates' own agreement and sign-flip e-value
+    (:func:`judge` of ``e_i``: does the model prefer some passages consistently with the query, whatever the reason),
+    how much of that its query-free preference accounts for (:func:`relation`), and the query's e-value over the wider
+    range of scales 0.5-3 (the least of ``e`` and :func:`judge_scaled` over :data:`WIDE_SCALES`).
 
     A preference the query does not change counts for nothing (though it is a taste); one it creates does:
 
     >>> b, own, rel = [1.0, 0.0, 0.5, -1.0, 0.2, 0.3], [0.3, -0.2, 0.1, 0.4, 0.0, 0.1], [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     >>> read = lambda c: [tuple(b[j] + c[o[j]] for j in range(6)) for o in reading_orders(6)]
     >>> [round(x, 3) for x in summary(Reading((*read([x + y for x, y in zip(own, rel)]), *read(own))))]
-    [1.0, 0.902, 3, 2.101, 1.0, 2.101, 0.901]
+    [1.0, 0.902, 3, 2.101, 1.0, 2.101, 0.901, 2.101]
     >>> [round(x, 3) for x in summary(Reading((*read(own), *read(own))))]
-    [0.0, 0.0, 3, 1.0, 1.0, 2.101, 1.0]
+    [0.0, 0.0, 3, 1.0, 1.0, 2.101, 1.0, 1.0]
     """
     return facts(*estimate_pairs(reading))
 
 
 def facts(es: Sequence[Sequence[float]], fs: Sequence[Sequence[float]]
-          ) -> tuple[float, float, int, float, float, float, float]:
+          ) -> tuple[float, float, int, float, float, float, float, float]:
     """:func:`summary` from the estimates with the query (``es``) and without it (``fs``)."""
     taste, _, _, e_taste = judge(es)
-    return (*judge_scaled(es, fs), taste, e_taste, relation(es, fs))
+    scaled = judge_scaled(es, fs)
+    return (*scaled, taste, e_taste, relation(es, fs), min(scaled[3], judge_scaled(es, fs, WIDE_SCALES)[3]))

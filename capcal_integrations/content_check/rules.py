@@ -75,15 +75,17 @@ class ContentRule:
 #: placeholder, and a sequential test over queries on what the query adds, centred over the list's pairs, each
 #: query's e-value from the signs of its estimates (:mod:`.query_contrast`): a model's preferences of its own, the
 #: same whatever the query, cancel, and so does a query effect alike in every pair. Three outcomes: "reads", "does
-#: not read", "cannot tell" (docs/content-check.md: each one's guarantee and its conditions). ``"content"``: the
-#: four orders with the query
-#: only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a model's own preferences
-#: that also delays a reader (``benchmarks/results/decisions/decisions.md``, run ``tradeoff``).
+#: not read", "cannot tell" (docs/content-check.md: each one's guarantee and its conditions); its key ``query-three-wide``
+#: since "reads" also needs the taste gate over the scales 0.5-3 (:data:`~.evidence.WIDE_E`, issue 48: a weak taste
+#: sharpened 3x passed the gate before, key ``query-three``, whose saved decisions are refused). ``"content"``: the
+#: four orders with the query only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a
+#: model's own preferences that also delays a reader (the ``tradeoff`` run of
+#: ``benchmarks/results/decisions/decisions.md``).
 RULES: dict[str, ContentRule] = {
     "query": ContentRule("query", query_contrast.reading_orders, query_contrast.summary,
                          lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS,
                                               bet_pairs=QUERY_BET_PAIRS),
-                         alpha_of_readings, query_free=True, key="query-three"),
+                         alpha_of_readings, query_free=True, key="query-three-wide"),
     "content": ContentRule("content", reading_orders, summary, lambda cap: Evidence(cap=cap), alpha_of_readings),
 }
 #: The rule of ``guard``'s default (docs/content-check.md: why the query-free contrast).
