@@ -1,7 +1,7 @@
 """Does the default decide right? The null suite and power on the testbed, judged queries, and real models.
 
-    python -m benchmarks.decisions --smoke                     # each part on 2 lists: seconds, no server but `real`'s
-    python -m benchmarks.decisions nulls --workers 2 --draws 300 --power-draws 200 --refused-draws 100
+    python -m benchmarks.decisions --smoke                     # nulls and judged on 2 lists: seconds, no server
+    python -m benchmarks.decisions nulls --workers 2           # every cell at its goal's draws (about 40 min)
     python -m benchmarks.decisions judged --workers 2          # ranks the pool (an hour), then the tables
     python -m benchmarks.decisions judged --pool benchmarks/results/decisions/records/judged-pool.json
     python -m benchmarks.decisions real --model 1.5b --queries 20 --set probability=trie
