@@ -455,7 +455,11 @@ def main() -> int:
     tasks += [("refused", c, a.refused_draws) for c in refused_cells() if wanted(c)]
     tasks += [("nulls", c, a.earlier_draws or a.draws) for c in null_cells(a.dedup) if c.name in EARLIER
               and wanted(c, True)]
-    tasks += [("beyond", c, a.beyond_draws) for c in beyond_cells() if wanted(c) and a.beyond_draws]
+    tasks += [("beyond", c, a.beyond_draws) for c in beyond_cells() if wanted(c)]
+    tasks = [task for task in tasks if task[2] > 0]  # a kind of cell asked 0 draws is not run
+    if not tasks:
+        print(f"null_suite: no cell to run (--only {a.only!r}, the draws asked)", file=sys.stderr)
+        return 2
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     rows: dict[str, list[dict]] = {"nulls": [], "power": [], "refused": [], "beyond": []}
