@@ -304,16 +304,15 @@ def run(a: argparse.Namespace, stamp: dict, save: Any) -> dict:
     labels = [p.split(":")[0].strip() if ":" in p else "" for p in parts]
     data = pathlib.Path(a.data) if a.data else C.need_data("trec-dl19-passage")
     grades = load_grades(data)[:2] if a.smoke else load_grades(data)
-
-    def wanted(cell: Cell, earlier: bool = False) -> bool:
-        return a.only in cell.name and (a.part == "all" or (a.part == "earlier") == earlier)
-
+    wanted = lambda c, earlier=False: a.only in c.name and (a.part == "all" or (a.part == "earlier") == earlier)  # noqa: E731
     n = (4, 4, 4, 4, 4) if a.smoke else (a.draws, a.power_draws, a.refused_draws, a.earlier_draws or a.draws, a.beyond_draws)
     tasks = [("nulls", c, n[0]) for c in null_cells(a.dedup) if c.name not in EARLIER and wanted(c)]
     tasks += [("power", c, n[1]) for c in power_cells() if wanted(c)]
     tasks += [("refused", c, n[2]) for c in refused_cells() if wanted(c)]
     tasks += [("nulls", c, n[3]) for c in null_cells(a.dedup) if c.name in EARLIER and wanted(c, True)]
-    tasks += [("beyond", c, n[4]) for c in beyond_cells() if wanted(c) and n[4]]
+    tasks = [t for t in tasks + [("beyond", c, n[4]) for c in beyond_cells() if wanted(c)] if t[2] > 0]  # 0 draws: not run
+    if not tasks:
+        sys.exit(f"decisions nulls: no cell to run (--only {a.only!r}, the draws asked)")
     if a.smoke:  # one cell of each kind
         tasks = [next(t for t in tasks if t[0] == kind) for kind in ("nulls", "power", "refused", "beyond")]
     rows: dict[str, list[dict]] = {"nulls": [], "power": [], "refused": [], "beyond": []}
