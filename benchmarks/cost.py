@@ -1,6 +1,6 @@
 """What does a list cost? Each method against what it cannot avoid on one server, and against one generating request.
 
-    python -m benchmarks.cost --smoke                                   # 2 lists of 4 passages
+    python -m benchmarks.cost --smoke                                   # 2 lists of 4, no deciding query
     python -m benchmarks.cost --lists 10 --deciding-lists 4 --concurrency 8 --methods 'vanilla;capcal;capcal, async'
     CAPCAL_VLLM_PYTHON=.venv-vllm/bin/python python -m benchmarks.cost --engine vllm --lists 10 --concurrency 8
     python -m benchmarks.cost --slots                                   # one trie node's cost, pinned or spread
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stamp = C.stamp("cost", argv)
     if args.smoke:
-        args.lists, args.passages, args.methods, args.deciding_lists, args.deciding_passages = 2, 4, "vanilla;capcal", 1, 4
+        args.lists, args.passages, args.methods, args.no_deciding = 2, 4, "vanilla;capcal", True  # deciding: 13 prompts
     data = pathlib.Path(args.data) if args.data else C.need_data("trec-dl19-passage")
     lists = bench_lists(data)[:args.lists]
     methods = tuple(args.methods.split(";"))

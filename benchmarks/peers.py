@@ -1,6 +1,6 @@
 """Beside the rerankers people use today: LlamaIndex RankGPTRerank, LangChain LLMListwiseRerank and this library.
 
-    python -m benchmarks.peers --smoke                                  # a list of 5 passages a dataset
+    python -m benchmarks.peers --smoke                                  # a list of 5 a dataset, not the default
     python -m benchmarks.peers --datasets dl19 --queries 20             # starts the embedded server
     python -m benchmarks.peers --datasets scifact --queries 20 --words scifact=100 --resume
     python -m benchmarks.peers --queries 10 --base-url URL [--api-key KEY]
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     stamp = C.stamp("peers", [a for a in (sys.argv[1:] if argv is None else argv) if a != args.api_key])
     if args.smoke:
-        args.queries, args.top, args.max_tokens = 1, 5, 64  # one list a dataset: 2 lists
+        args.queries, args.top, args.max_tokens = 1, 5, 64  # one list a dataset: 2 lists; the default's check reads
+        args.methods = ",".join(m for m in PEERS if m != "capcal-default")  # 13 prompts a list: minutes on a CPU
     args.name = args.name or "bm25-top20"
     out = C.out_dir("peers", args)
     methods = [m for m in args.methods.split(",") if m in PEERS]
