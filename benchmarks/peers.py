@@ -1,72 +1,47 @@
-"""Peers side by side: LlamaIndex RankGPTRerank, LangChain LLMListwiseRerank and this library, one server, one run.
+"""Beside the rerankers people use today: LlamaIndex RankGPTRerank, LangChain LLMListwiseRerank and this library.
 
-    python benchmarks/peers.py --data ../shared/data --queries 10                      # starts the embedded server
-    python benchmarks/peers.py --data ../shared/data --queries 10 --base-url URL [--api-key KEY]
+    python -m benchmarks.peers --smoke                                  # a list of 5 a dataset, not the default
+    python -m benchmarks.peers --datasets dl19 --queries 20             # starts the embedded server
+    python -m benchmarks.peers --datasets scifact --queries 20 --words scifact=100 --resume
+    python -m benchmarks.peers --queries 10 --base-url URL [--api-key KEY]
 
-On one llama.cpp server with the packaged Qwen2.5-Coder-0.5B-Instruct (started here, or ``--base-url``), the
-BM25 top-20 lists of the first ``--queries`` queries of DL19 (``trec-dl19-passage``) and SciFact
-(``beir-scifact-test``) are ranked by:
-
-- ``bm25``: the first-stage order (no model);
-- ``llamaindex-rankgpt``: ``llama_index.core.postprocessor.RankGPTRerank`` (its own prompt and parser), its LLM a
-  small ``CustomLLM`` that sends RankGPT's chat messages as they are to the server's chat completions (what
-  ``OpenAILike`` does; ``OpenAILike`` itself pins ``openai<3``);
-- ``langchain-listwise``: ``langchain_classic``'s ``LLMListwiseRerank.from_llm(ChatOpenAI(base_url=...))`` (its
-  prompt, structured output by ``with_structured_output``'s default method, its parser);
-- ``capcal-vanilla``: ``CapCalReranker(method="vanilla")``;
-- ``capcal-default``: ``CapCalReranker()`` with the default options (one reranker per dataset, so its content
-  check decides on that dataset's first lists, as in a deployment). Its check reads lists in the background;
-  after each of its lists the run waits for those readings (``wait_for_readings``) before the next method
-  starts, and reports their time and tokens apart: they overlap no method's timing. Its decisions and readings
-  are kept in a fresh temporary folder (unless ``CAPCAL_DECISIONS_DIR`` is set): nothing an earlier run read.
-
-Every method gets the same passages: the text (SciFact: ``Title: ... Content: ...``, the RankGPT/rank_llm
-form), cut to ``--words`` words (300: RankGPTRerank's and this library's own cut, so a no-op for them;
-LLMListwiseRerank cuts nothing; a shorter cut, per dataset if need be, makes SciFact's long abstracts affordable
-on a CPU, for every method alike); the peers ask for at most ``--max-tokens`` (256) generated tokens at temperature 0. Each list
-is ranked by the four model methods back to back, their order rotated from list to list (the machine is
-shared and noisy, and the server's prompt cache favours whoever comes second), the two datasets alternating.
-
-Measured per list: nDCG@10 (trec_eval's; of the order each method returns, as a caller receives it: RankGPT's
-parser appends what the model left out, LLMListwiseRerank returns only what the model listed; a list whose
-call raised counts in its given order and is counted as failed); whether the model's output *needed repair*
-(peers: the identifiers in the raw output, read from the HTTP response, were missing some, repeated one or
-named one out of range; this library: its order is not a permutation, a decoded step repeats an
-identifier, or places were filled in rather than decoded); HTTP requests and the server's ``usage`` (prompt,
-cached, completion tokens), counted by an httpx event hook on every client (the library's endpoint probe is
-made before and not counted); wall seconds. rank_llm is not run: it requires ``vllm`` (torch) to install.
-Writes benchmarks/results/peers.json and .md after every list (a run cut short keeps what it finished).
+On one llama.cpp server with the packaged Qwen2.5-Coder-0.5B, the BM25 top-20 lists of the first ``--queries``
+queries of DL19 and SciFact, ranked by ``bm25`` (the given order), ``llamaindex-rankgpt`` (``RankGPTRerank``, its LLM
+sending RankGPT's chat messages as they are, as ``OpenAILike`` does), ``langchain-listwise`` (``LLMListwiseRerank``
+on ``ChatOpenAI(base_url=...)``), ``capcal-vanilla`` and ``capcal-default`` (the defaults; its content check's
+background readings are waited for after each of its lists and reported apart). The same passages for all, cut to
+``--words`` words; the peers at temperature 0; the model methods take turns going first on each list. Per list:
+nDCG@10 of the order a caller receives, whether the model's output *needed repair* (identifiers missing, repeated
+or out of range; for this library, places filled in rather than decoded), HTTP requests and the server's ``usage``
+(an httpx event hook on every client), wall seconds. rank_llm is not run: it requires vLLM.
+Writes ``benchmarks/results/peers/peers.json`` and ``.md`` after every list (a run cut short keeps what it finished).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
 import pathlib
-import platform
 import re
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import httpx
+import openai
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
+from benchmarks import _common as C
+from capcal_integrations import CapCalReranker
+from capcal_integrations.evaluation.data import load_dataset
+from capcal_integrations.testbed.measure import ndcg10
 
-from capcal_integrations import CapCalReranker  # noqa: E402
-from capcal_integrations.evaluation.data import load_dataset  # noqa: E402
-from capcal_integrations.testbed.measure import ndcg10  # noqa: E402
-
-HERE = pathlib.Path(__file__).parent
 DATASETS = {"dl19": "trec-dl19-passage", "scifact": "beir-scifact-test"}
 PEERS = ("llamaindex-rankgpt", "langchain-listwise", "capcal-vanilla", "capcal-default")
-METHODS = ("bm25", *PEERS)
 WORDS = 300
 
 
@@ -79,32 +54,27 @@ class Meter:
     def reset(self) -> None:
         self.requests = self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
         self.paths: dict[str, int] = {}
-        self.answers: list[str] = []
+        self.answers: list[str] = []  # the answers' text (tool-call arguments for structured output)
 
     def hook(self, response: httpx.Response) -> None:
         response.read()
         self.requests += 1
-        path = response.request.url.path
-        self.paths[path] = self.paths.get(path, 0) + 1
+        self.paths[response.request.url.path] = self.paths.get(response.request.url.path, 0) + 1
         try:
             body = response.json()
         except ValueError:
             return
-        if not isinstance(body, dict):
-            return
-        usage = body.get("usage") or {}
+        usage = (body.get("usage") or {}) if isinstance(body, dict) else {}
         self.prompt_tokens += usage.get("prompt_tokens") or 0
         self.completion_tokens += usage.get("completion_tokens") or 0
         self.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        for choice in body.get("choices") or []:
-            message = choice.get("message") or {}
-            calls = message.get("tool_calls") or []
+        for choice in (body.get("choices") or []) if isinstance(body, dict) else []:
+            message, calls = choice.get("message") or {}, (choice.get("message") or {}).get("tool_calls") or []
             self.answers.append(message.get("content") or (calls[0]["function"]["arguments"] if calls else "")
                                 or choice.get("text") or "")
 
     def client(self, timeout: float) -> httpx.Client:
         return httpx.Client(timeout=timeout, event_hooks={"response": [self.hook]})
-
     def snapshot(self) -> dict[str, Any]:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "uncached_tokens": self.prompt_tokens - self.cached_tokens,
@@ -120,9 +90,6 @@ def needs_repair(ids: list[int], n: int) -> dict[str, int]:
     inside = [i for i in ids if 0 <= i < n]
     return {"missing": n - len(set(inside)), "repeated": len(inside) - len(set(inside)),
             "out_of_range": len(ids) - len(inside)}
-
-
-# ---------------------------------------------------------------------------------------------- the peers
 
 
 def llamaindex_rankgpt(url: str, key: str, model: str, meter: Meter, args: argparse.Namespace):
@@ -160,8 +127,7 @@ def llamaindex_rankgpt(url: str, key: str, model: str, meter: Meter, args: argpa
         def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
             return CompletionResponse(text=self.chat([ChatMessage(role=MessageRole.USER, content=prompt)]).message.content)
 
-        def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any):
-            yield self.complete(prompt, formatted, **kwargs)
+        stream_complete = complete  # abstract in CustomLLM, never called by RankGPTRerank
 
     client = openai.OpenAI(base_url=url, api_key=key, http_client=meter.client(args.timeout), timeout=args.timeout)
     rerank = RankGPTRerank(top_n=args.top, llm=ServerChat(client, model=model, max_tokens=args.max_tokens))
@@ -188,11 +154,11 @@ def langchain_listwise(url: str, key: str, model: str, meter: Meter, args: argpa
 
     def run(query: str, passages: list[str]) -> tuple[list[int], dict]:
         docs = [Document(page_content=p, metadata={"i": i}) for i, p in enumerate(passages)]
+        out, error = None, None
         try:
             out = [d.metadata["i"] for d in rerank.compress_documents(docs, query)]
-            error = None
         except Exception as e:  # noqa: BLE001 - what a caller meets is the measurement
-            out, error = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            error = _error(e)
         raw = meter.answers[-1] if meter.answers else ""
         try:
             ids = json.loads(raw)["ranked_document_ids"]
@@ -218,15 +184,14 @@ def capcal(url: str, key: str, meter: Meter, args: argparse.Namespace, **options
                     "out_of_range": sum(not 0 <= i < n for i in r.order),
                     "filled_in": 0 if r.decoded is None or r.kept_given_order else n - r.decoded}  # kept: nothing to repair
         return list(r.order), {**repaired, "method_ran": r.method, "library_requests": r.usage.requests,
-                               "library_prompt_tokens": r.usage.prompt_tokens,
-                               "checked": list(r.checked), "steps": len(r.steps), "notes": list(r.notes),
-                               "kept_given_order": r.kept_given_order}
+                               "checked": list(r.checked), "notes": list(r.notes), "kept_given_order": r.kept_given_order}
 
     run.settle = rr.wait_for_readings  # type: ignore[attr-defined] - the content check's readings, waited for apart
     return run
 
 
-# ---------------------------------------------------------------------------------------------- the run
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
 def cut(text: str, words: int = WORDS) -> str:
@@ -235,52 +200,36 @@ def cut(text: str, words: int = WORDS) -> str:
 
 def words_of(spec: str, names: list[str]) -> dict[str, int]:
     """``--words``: ``300`` for every dataset, or per dataset (``dl19=300,scifact=100``; unnamed ones: 300)."""
-    if "=" not in spec:
-        return {d: int(spec) for d in names}
-    given = dict(part.split("=", 1) for part in spec.split(","))
+    given = dict(part.split("=", 1) for part in spec.split(",")) if "=" in spec else dict.fromkeys(names, spec)
     return {d: int(given.get(d, WORDS)) for d in names}
 
 
-def served_model(url: str, key: str) -> str:
-    return openai.OpenAI(base_url=url, api_key=key).models.list().data[0].id
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data"),
-                    help="the folder holding trec-dl19-passage/ and beir-scifact-test/")
+def main(argv: list[str] | None = None) -> int:
+    ap = C.parser("peers", __doc__)
+    ap.add_argument("--data", help="the folder of trec-dl19-passage/ and beir-scifact-test/ (default ../shared/data)")
     ap.add_argument("--datasets", default="dl19,scifact", help="of " + ",".join(DATASETS))
     ap.add_argument("--queries", type=int, default=10, help="the first N queries of each dataset")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--methods", default=",".join(PEERS), help="model methods to run (bm25 always)")
-    ap.add_argument("--words", default=str(WORDS), help="cut every passage to this many words, for every method: "
-                    "one number, or per dataset (dl19=300,scifact=100)")
+    ap.add_argument("--words", default=str(WORDS), help="cut every passage: 300, or per dataset: dl19=300,scifact=100")
     ap.add_argument("--max-tokens", type=int, default=256, help="the peers' generation limit")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--base-url", help="a running OpenAI-compatible llama.cpp server (default: start the embedded one)")
     ap.add_argument("--api-key", default=os.environ.get("CAPCAL_API_KEY") or os.environ.get("OPENAI_API_KEY"))
     ap.add_argument("--threads", type=int, help="the embedded server's CPU threads (default: its own)")
-    ap.add_argument("--out", default=str(HERE / "results" / "peers"))
-    ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json and stop")
-    ap.add_argument("--from-log", help="write the results from the rows a run printed (one JSON object per line; "
-                    "--methods: those to count) and stop")
-    ap.add_argument("--note", default="", help="a sentence for the report (with --from-log: how the run ended)")
-    ap.add_argument("--resume", action="store_true", help="keep the rows of --out's .json and rank only the lists it "
-                    "has not finished (a run in parts; the commands are kept; set CAPCAL_DECISIONS_DIR to keep the "
-                    "default's content check across the parts)")
-    args = ap.parse_args()
-    if args.report_only:
-        result = json.loads(pathlib.Path(args.out).with_suffix(".json").read_text())
-        pathlib.Path(args.out).with_suffix(".md").write_text(report(result))
-        return 0
+    ap.add_argument("--resume", action="store_true", help="rank only the lists the run of this name has not finished")
+    args = ap.parse_args(argv)
+    stamp = C.stamp("peers", [a for a in (sys.argv[1:] if argv is None else argv) if a != args.api_key])
+    if args.smoke:
+        args.queries, args.top, args.max_tokens = 1, 5, 64  # one list a dataset: 2 lists; the default's check reads
+        args.methods = ",".join(m for m in PEERS if m != "capcal-default")  # 13 prompts a list: minutes on a CPU
+    args.name = args.name or "bm25-top20"
+    out = C.out_dir("peers", args)
     methods = [m for m in args.methods.split(",") if m in PEERS]
     names = [d for d in args.datasets.split(",")]
     words = words_of(args.words, names)
-    data = {d: load_dataset(pathlib.Path(args.data) / DATASETS[d]).select(args.queries) for d in names}
-    command = "python benchmarks/peers.py " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != args.api_key)
-    if args.from_log:
-        return from_log(args, methods, data)
-
+    root = pathlib.Path(args.data) if args.data else C.need_data()
+    data = {d: load_dataset(root / DATASETS[d]).select(args.queries) for d in names}
     with contextlib.ExitStack() as stack:
         if "CAPCAL_DECISIONS_DIR" not in os.environ:  # the content check starts afresh, as in a new deployment
             os.environ["CAPCAL_DECISIONS_DIR"] = stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-"))
@@ -289,114 +238,78 @@ def main() -> int:
             from capcal_integrations.server import EmbeddedServer
 
             key = "peers-benchmark"
-            server = stack.enter_context(EmbeddedServer(model="0.5b", n_parallel=3, ctx_per_slot=12288,
-                                                        threads=args.threads, api_key=key))
-            url = server.base_url
-        model = served_model(url, key)
+            url = stack.enter_context(EmbeddedServer(model="0.5b", n_parallel=3, ctx_per_slot=12288,
+                                                     threads=args.threads, api_key=key)).base_url
+        model = openai.OpenAI(base_url=url, api_key=key).models.list().data[0].id
         meters = {m: Meter() for m in methods}
-        runners: dict[str, dict[str, Any]] = {}
-        for d in names:
-            runners[d] = {}
-            for m in methods:
-                if m == "llamaindex-rankgpt":
-                    runners[d][m] = llamaindex_rankgpt(url, key, model, meters[m], args)
-                elif m == "langchain-listwise":
-                    runners[d][m] = langchain_listwise(url, key, model, meters[m], args)
-                elif m == "capcal-vanilla":
-                    runners[d][m] = capcal(url, key, meters[m], args, method="vanilla")
-                else:
-                    runners[d][m] = capcal(url, key, meters[m], args)
-        meta = {"command": command, "base_url": url if args.base_url else "embedded (started here)",
-                "server": "llama.cpp (xllamacpp)", "model": model, "top": args.top, "words": words,
-                "max_tokens": args.max_tokens, "queries_per_dataset": args.queries, "methods": methods,
-                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        makers = {"llamaindex-rankgpt": lambda m: llamaindex_rankgpt(url, key, model, meters[m], args),
+                  "langchain-listwise": lambda m: langchain_listwise(url, key, model, meters[m], args),
+                  "capcal-vanilla": lambda m: capcal(url, key, meters[m], args, method="vanilla"),
+                  "capcal-default": lambda m: capcal(url, key, meters[m], args)}
+        runners = {d: {m: makers[m](m) for m in methods} for d in names}
+        meta = {"base_url": url if args.base_url else "embedded (started here)", "server": "llama.cpp (xllamacpp)",
+                "model": model, "top": args.top, "words": words, "max_tokens": args.max_tokens,
+                "queries_per_dataset": args.queries, "methods": methods}
         rows: list[dict] = []
-        earlier = pathlib.Path(args.out).with_suffix(".json")
-        if args.resume and earlier.is_file():
-            before = json.loads(earlier.read_text())
-            meta["command"] = f"{before['command']}; then {command}"
-            kept = before["words"] if isinstance(before["words"], dict) else words_of(
-                str(before["words"]), list(dict.fromkeys(r["dataset"] for r in before["rows"])))
-            meta["words"] = {**kept, **words}
-            rows = [r for r in before["rows"] if (r["dataset"], r["qid"]) in finished(before["rows"], methods)]
-        done = finished(rows, methods)
-        k = len(done)
+        before = next((r for r in C.load("peers", out)["runs"] if r["name"] == args.name), None)
+        if args.resume and before:
+            stamp["command"] = f"{before['stamp']['command']}; then {stamp['command']}"
+            meta["words"] = {**before["data"]["words"], **words}
+            rows = [r for r in before["data"]["rows"] if (r["dataset"], r["qid"]) in finished(before["data"]["rows"], methods)]
+        k = len(done := finished(rows, methods))
         for q in range(args.queries):
             for d in names:
                 if q >= len(data[d].topics) or (d, data[d].topics[q].qid) in done:
                     continue
                 topic = data[d].topics[q]
-                grades = data[d].grades().get(topic.qid, {})
+                grades, cands = data[d].grades().get(topic.qid, {}), topic.candidates[:args.top]
                 ideal = sorted(grades.values(), reverse=True)
-                cands = topic.candidates[:args.top]
                 passages = [cut(c.text if not c.title else f"Title: {c.title} Content: {c.text}", words[d]) for c in cands]
                 docids = [c.docid for c in cands]
                 rows.append({"dataset": d, "qid": topic.qid, "method": "bm25", "position": None, "seconds": 0.0,
-                             "requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "uncached_tokens": 0,
-                             "completion_tokens": 0, "failed": False, "needs_repair": False,
+                             **dict.fromkeys(("requests", "prompt_tokens", "cached_tokens", "uncached_tokens",
+                                              "completion_tokens", "failed", "needs_repair"), 0),
                              "ndcg10": ndcg10([grades.get(x, 0) for x in docids], ideal), "order": list(range(len(docids)))})
                 turn = methods[k % len(methods):] + methods[:k % len(methods)]
                 k += 1
                 for pos, m in enumerate(turn):
-                    meters[m].reset()
-                    started = time.perf_counter()
-                    try:
-                        order, info = runners[d][m](topic.query, passages)
-                    except Exception as e:  # noqa: BLE001 - recorded, and the run goes on
-                        order, info = None, {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-                    seconds = time.perf_counter() - started
-                    failed = order is None
-                    shown = list(range(len(docids))) if failed else list(dict.fromkeys(order))
-                    repair = any(info.get(f) for f in ("missing", "repeated", "out_of_range", "filled_in"))
-                    row = {"dataset": d, "qid": topic.qid, "method": m, "position": pos, "seconds": round(seconds, 2),
-                           **meters[m].snapshot(), "failed": failed, "needs_repair": bool(repair),
-                           "ndcg10": ndcg10([grades.get(docids[i], 0) for i in shown], ideal), "order": order, **info}
-                    settle = getattr(runners[d][m], "settle", None)
-                    if settle is not None:  # its background readings end before the next method starts, timed apart
-                        meters[m].reset()
-                        started = time.perf_counter()
-                        settle()
-                        reading = meters[m].snapshot()
-                        row.update(reading_seconds=round(time.perf_counter() - started, 2),
-                                   reading_requests=reading["requests"], reading_uncached_tokens=reading["uncached_tokens"])
-                    rows.append(row)
-                    print(json.dumps({x: v for x, v in row.items() if x not in ("order", "notes")}), flush=True)
-                write(args, meta, rows, methods)  # after every list: a run cut short keeps what it finished
+                    rows.append(one(runners[d][m], meters[m], d, topic, pos, m, passages, docids, grades, ideal))
+                    print(json.dumps({x: v for x, v in rows[-1].items() if x not in ("order", "notes")}), flush=True)
+                C.save("peers", run_of(args.name, stamp, meta, rows, methods), out)  # a run cut short keeps its lists
     return 0
 
 
-def bm25_row(d: str, topic: Any, grades: dict[str, int], top: int) -> dict:
-    docids = [c.docid for c in topic.candidates[:top]]
-    return {"dataset": d, "qid": topic.qid, "method": "bm25", "position": None, "seconds": 0.0, "requests": 0,
-            "prompt_tokens": 0, "cached_tokens": 0, "uncached_tokens": 0, "completion_tokens": 0, "failed": False,
-            "needs_repair": False, "ndcg10": ndcg10([grades.get(x, 0) for x in docids], sorted(grades.values(), reverse=True)),
-            "order": list(range(len(docids)))}
-
-
-def from_log(args: argparse.Namespace, methods: list[str], data: dict) -> int:
-    """The results of a run cut short, from the rows it printed (``--methods``: the methods counted)."""
-    printed = [json.loads(line) for line in open(args.from_log, encoding="utf-8") if line.startswith('{"dataset"')]
-    rows = []
-    for d, ds in data.items():
-        for topic in ds.topics:
-            mine = [r for r in printed if r["dataset"] == d and r["qid"] == topic.qid and r["method"] in methods]
-            if mine:
-                rows += [bm25_row(d, topic, ds.grades().get(topic.qid, {}), args.top), *mine]
-    meta = {"command": f"python benchmarks/peers.py --data {args.data} --queries {args.queries}", "base_url":
-            "embedded (started here)", "server": "llama.cpp (xllamacpp)", "model": "local", "top": args.top,
-            "words": words_of(args.words, list(data)), "max_tokens": args.max_tokens, "queries_per_dataset": args.queries,
-            "methods": methods, "note": args.note, "from_log": args.from_log}
-    write(args, meta, rows, methods)
-    print(pathlib.Path(args.out).with_suffix(".md").read_text())
-    return 0
+def one(runner: Any, meter: Meter, d: str, topic: Any, pos: int, m: str, passages: list[str], docids: list[str],
+        grades: dict[str, int], ideal: list[int]) -> dict:
+    """One method on one list, timed; then its background readings (if any), timed apart."""
+    meter.reset()
+    started = time.perf_counter()
+    try:
+        order, info = runner(topic.query, passages)
+    except Exception as e:  # noqa: BLE001 - recorded, and the run goes on
+        order, info = None, {"error": _error(e)}
+    seconds = time.perf_counter() - started
+    shown = list(range(len(docids))) if order is None else list(dict.fromkeys(order))
+    repair = any(info.get(f) for f in ("missing", "repeated", "out_of_range", "filled_in"))
+    row = {"dataset": d, "qid": topic.qid, "method": m, "position": pos, "seconds": round(seconds, 2),
+           **meter.snapshot(), "failed": order is None, "needs_repair": bool(repair),
+           "ndcg10": ndcg10([grades.get(docids[i], 0) for i in shown], ideal), "order": order, **info}
+    if hasattr(runner, "settle"):  # its background readings end before the next method starts, timed apart
+        meter.reset()
+        started = time.perf_counter()
+        runner.settle()
+        reading = meter.snapshot()
+        row.update(reading_seconds=round(time.perf_counter() - started, 2), reading_requests=reading["requests"],
+                   reading_uncached_tokens=reading["uncached_tokens"])
+    return row
 
 
 def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
     """Per dataset and method, over the lists every method finished."""
-    out = []
+    out: list[dict] = []
     for d in dict.fromkeys(r["dataset"] for r in rows):
         mine = [r for r in rows if r["dataset"] == d]
-        done = [q for q in dict.fromkeys(r["qid"] for r in mine) if sum(r["qid"] == q for r in mine) == len(methods) + 1]
+        done = {q for dd, q in finished(mine, methods)}
         base = None
         for m in ("bm25", *methods):
             rs = [r for r in mine if r["method"] == m and r["qid"] in done]
@@ -429,23 +342,6 @@ def paired(rows: list[dict], d: str, a: str, b: str) -> tuple[int, float, float,
     return len(diffs), mean, mean - half, mean + half
 
 
-def paired_table(result: dict) -> list[str]:
-    """Each model method against BM25 and against ``capcal-vanilla``, per dataset: paired nDCG@10 differences."""
-    rows, methods = result["rows"], result["methods"]
-    lines = ["Paired nDCG@10 differences over the same lists (mean, 95 % t-interval; an interval that holds 0 is no "
-             "difference this sample can show):", "", "| dataset | method | lists | − bm25 | − capcal-vanilla |",
-             "|---|---|---:|---|---|"]
-    for d in dict.fromkeys(r["dataset"] for r in rows):
-        for m in methods:
-            cells = []
-            for b in ("bm25", "capcal-vanilla"):
-                t = None if b == m else paired(rows, d, m, b)
-                cells.append("–" if t is None else f"{t[1]:+.4f} [{t[2]:+.4f}, {t[3]:+.4f}]")
-            n = sum(r["dataset"] == d and r["method"] == m for r in rows)
-            lines.append(f"| {d} | {m} | {n} | {cells[0]} | {cells[1]} |")
-    return [*lines, ""]
-
-
 def finished(rows: list[dict], methods: list[str]) -> set[tuple[str, str]]:
     """The ``(dataset, qid)`` lists every method (and BM25) has a row of."""
     have: dict[tuple[str, str], set[str]] = {}
@@ -454,75 +350,49 @@ def finished(rows: list[dict], methods: list[str]) -> set[tuple[str, str]]:
     return {key for key, ms in have.items() if ms >= {"bm25", *methods}}
 
 
-def write(args: argparse.Namespace, meta: dict, rows: list[dict], methods: list[str]) -> None:
-    summary = summarise(rows, methods)
-    result = {**meta, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), load average "
-                         f"{os.getloadavg()[0]:.1f} at the end", "summary": summary, "rows": rows}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(report(result))
-
-
 def _x(e: dict, f: str) -> str:
-    v = (e.get("vs_vanilla") or {}).get(f)
-    return "–" if v is None else f"{v:.2f}"
+    return "–" if (e.get("vs_vanilla") or {}).get(f) is None else f"{e['vs_vanilla'][f]:.2f}"
 
 
-def _words(words: int | dict[str, int]) -> str:
-    if isinstance(words, int):
-        return f"{words} words"
-    return ", ".join(f"{n} words ({d})" for d, n in words.items())
-
-
-def report(result: dict) -> str:
-    lines = [f"# Peers side by side ({result['finished']})", "",
-             f"`{result['command']}`", "",
-             f"One {result['server']} server, model `{result['model']}` (the packaged Qwen2.5-Coder-0.5B-Instruct), "
-             f"BM25 top-{result['top']}, the first {result['queries_per_dataset']} queries of each dataset asked for "
-             f"(`lists`: how many every method finished, the only ones counted); passages cut to {_words(result['words'])} "
-             f"for all; the peers at temperature 0, at most {result['max_tokens']} generated tokens. The "
-             f"model methods took turns going first on each list. Machine: {result['machine']}. See "
-             "`benchmarks/peers.py` for the definitions.", "",
-             *([result["note"], ""] if result.get("note") else []),
-             "| dataset | method | lists | nDCG@10 | outputs needing repair | failed calls | requests / list | "
-             "× vanilla | prompt tokens / list | × vanilla | uncached prompt tokens / list | completion tokens / list | "
-             "s / list | × vanilla |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for e in result["summary"]:
-        if e["method"] == "bm25":
-            lines.append(f"| {e['dataset']} | bm25 | {e['lists']} | {e['ndcg10']:.4f} | – | – | 0 | | 0 | | | | 0 | |")
-            continue
-        lines.append(f"| {e['dataset']} | {e['method']} | {e['lists']} | {e['ndcg10']:.4f} | "
-                     f"{e['needs_repair']}/{e['lists']} | {e['failed']}/{e['lists']} | {e['requests']:.1f} | "
-                     f"{_x(e, 'requests')} | {e['prompt_tokens']:,.0f} | {_x(e, 'prompt_tokens')} | "
-                     f"{e['uncached_tokens']:,.0f} | {e['completion_tokens']:,.0f} | {e['seconds']:.1f} | "
-                     f"{_x(e, 'seconds')} |")
-    errors: dict[str, int] = {}
-    for r in result["rows"]:
-        if r.get("error"):
-            errors[f"{r['method']}: {r['error']}"] = errors.get(f"{r['method']}: {r['error']}", 0) + 1
-    lines += ["", "Outputs needing repair: the model's identifiers (peers: read from the raw answer) miss a passage, "
-              "repeat one or name one out of range; for this library, an order that is not a permutation, a "
-              "repeated decoded identifier or places filled in rather than decoded. A failed call (the peer raised) "
-              "counts in its given order for nDCG@10. Requests and tokens: every HTTP request of the method's client "
-              "and the server's `usage` (cached prompt tokens included in prompt tokens).", ""]
-    lines += paired_table(result)
-    for d in dict.fromkeys(r["dataset"] for r in result["rows"]):
-        for m in dict.fromkeys(r["method"] for r in result["rows"]):
-            read = [r for r in result["rows"] if r["dataset"] == d and r["method"] == m and "reading_seconds" in r]
+def run_of(name: str, stamp: dict, meta: dict, rows: list[dict], methods: list[str]) -> dict:
+    """The run as the results file keeps it: the summary (the headline), the paired differences, notes, every row."""
+    summary = summarise(rows, methods)
+    words = meta["words"] if isinstance(meta["words"], int) else ", ".join(f"{n} ({d})" for d, n in meta["words"].items())
+    head = [[e["dataset"], "bm25", e["lists"], f"{e['ndcg10']:.4f}", "–", "–", 0, "", 0, "", "", "", 0, ""]
+            if e["method"] == "bm25" else
+            [e["dataset"], e["method"], e["lists"], f"{e['ndcg10']:.4f}", f"{e['needs_repair']}/{e['lists']}",
+             f"{e['failed']}/{e['lists']}", f"{e['requests']:.1f}", _x(e, "requests"), f"{e['prompt_tokens']:,.0f}",
+             _x(e, "prompt_tokens"), f"{e['uncached_tokens']:,.0f}", f"{e['completion_tokens']:,.0f}",
+             f"{e['seconds']:.1f}", _x(e, "seconds")] for e in summary]
+    pairs = []
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        for m in methods:
+            cells = [None if b == m else paired(rows, d, m, b) for b in ("bm25", "capcal-vanilla")]
+            pairs.append([d, m, sum(r["dataset"] == d and r["method"] == m for r in rows),
+                          *("–" if t is None else f"{t[1]:+.4f} [{t[2]:+.4f}, {t[3]:+.4f}]" for t in cells)])
+    notes = [f"One {meta['server']} server, model `{meta['model']}`, BM25 top-{meta['top']}, the first "
+             f"{meta['queries_per_dataset']} queries of each dataset (`lists`: those every method finished, the only "
+             f"ones counted), passages cut to {words} words, the peers at temperature 0 and at most "
+             f"{meta['max_tokens']} tokens, the model methods taking turns going first (definitions: the docstring)."]
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        for m in methods:
+            read = [r for r in rows if r["dataset"] == d and r["method"] == m and "reading_seconds" in r]
             if any(r["reading_requests"] for r in read):
-                lines += [f"Background readings of `{m}` on {d} (its content check; waited for after each of its lists, "
-                          "before the next method started, so they overlap no method's time and are not in its "
-                          f"s / list): {sum(r['reading_requests'] > 0 for r in read)} of {len(read)} lists read, "
-                          f"{sum(r['reading_seconds'] for r in read):,.0f} s "
-                          f"({statistics.median(r['reading_seconds'] for r in read if r['reading_requests']):.0f} s a list "
-                          f"read, median), {sum(r['reading_uncached_tokens'] for r in read):,} uncached prompt tokens "
-                          "in all.", ""]
+                notes.append(f"Background readings of `{m}` on {d} (its content check, waited for after each of its "
+                             f"lists, outside its s / list): {sum(r['reading_requests'] > 0 for r in read)} of "
+                             f"{len(read)} lists read, {sum(r['reading_seconds'] for r in read):,.0f} s, "
+                             f"{sum(r['reading_uncached_tokens'] for r in read):,} uncached prompt tokens in all.")
+    errors = collections.Counter(f"{r['method']}: {r['error']}" for r in rows if r.get("error"))
     if errors:
-        lines += ["Failed calls:", "", *[f"- {n}× {e}" for e, n in errors.items()], ""]
-    return "\n".join(lines)
+        notes.append("Failed calls: " + "; ".join(f"{n}x {e}" for e, n in errors.items()) + ".")
+    return {"name": name, "title": "Peers side by side, one server, one run", "stamp": stamp, "notes": notes,
+            "tables": [{"columns": ["dataset", "method", "lists", "nDCG@10", "outputs needing repair", "failed calls",
+                                    "requests / list", "x vanilla", "prompt tokens / list", "x vanilla",
+                                    "uncached prompt tokens / list", "completion tokens / list", "s / list",
+                                    "x vanilla"], "rows": head},
+                       {"columns": ["dataset", "method", "lists", "- bm25", "- capcal-vanilla"], "rows": pairs,
+                        "caption": "Paired nDCG@10 differences over the same lists (mean, 95 % t-interval):"}],
+            "data": {**meta, "summary": summary, "rows": rows}}
 
 
 if __name__ == "__main__":

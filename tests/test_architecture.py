@@ -201,9 +201,10 @@ def test_cycles_finds_circles(graph, expected):
 
 @pytest.mark.parametrize("method", ["capcal", "vanilla", "first-token-capcal"])
 def test_a_request_is_sent_from_at_most_six_generators(method):
-    """Issue 37's walk: when a warm ranking hands a batch of requests to the driver, the flow is suspended in at
+    """How far a warm ranking walks: when a warm ranking hands a batch of requests to the driver, the flow is suspended in at
     most six generators (``rerank_flow`` > ``_sliding`` > ``rank_window`` > ``label_logprobs`` >
-    ``next_token_logprobs`` > the kind's ``send``); ``benchmarks/walk.py`` also counts the file changes."""
+    ``next_token_logprobs`` > the kind's ``send``); the ``walk`` run of benchmarks/results/cost/cost.md also counts
+    the file changes."""
     import types
 
     from capcal_integrations import CapCalReranker

@@ -146,7 +146,7 @@ def test_a_model_with_strong_preferences_of_its_own_is_not_called_a_reader():
 
 def test_the_packaged_05b_recorded_readings_do_not_decide_reads():
     """The packaged 0.5B's own first-step readings of all 43 DL19 queries (per query: agreement, alignment, slot
-    pairs; tests/fixtures/real-readings.json, written by ``benchmarks/real_decision.py --fixture``): in DL19's
+    pairs; tests/fixtures/real-readings.json, written by ``python -m benchmarks.decisions real --fixture``): in DL19's
     own query order not "reads" ("does not read (undecided)" at the cap), and "reads" in at most 2 % of 500
     random query orders (8 of 500; the rule before this one said "reads" in all of them).
 

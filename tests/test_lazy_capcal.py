@@ -1,7 +1,8 @@
 """CapCal's middle steps ask only the trie nodes a certified choice needs (reading/certified.py) where each prompt costs
 compute of its own (``Kind.costly_prompts``), against the whole reading (the same reranker with every node asked):
 the same order on every list, on the fake endpoint's dialects (random distributions: every node matters) and in a
-testbed replay over its scenarios (benchmarks/lazy_capcal.py is the same replay over 500+ lists)."""
+testbed replay over its scenarios (the ``lazy-capcal`` run of benchmarks/results/fidelity/fidelity.md: the same replay
+over 540 lists)."""
 
 import asyncio
 import contextlib

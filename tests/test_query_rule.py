@@ -175,7 +175,7 @@ def test_a_query_effect_alike_in_every_pair_is_not_reading(seed):
 @pytest.mark.parametrize("model", ["0.5b", "1.5b"])
 def test_the_packaged_models_query_effects_do_not_read(model):
     """Issue 22's goal on the real models: what the query adds to the packaged 0.5B's and 1.5B's DL19 readings
-    (tests/fixtures/query-effects.json: the estimates with and without the query, written by
+    (tests/fixtures/query-effects.json: the estimates with and without the query, written at commit 292d6a1 by
     ``benchmarks/query_free.py --fixture``) moves them the first stage's way but not toward relevance (calibrating
     them loses to BM25). The default rule says "reads" in at most 1 % of 500 random query orders (before centring:
     6.2 % and 99.4 %), and both in DL19's order "cannot tell": with the query they prefer a copy of what they prefer

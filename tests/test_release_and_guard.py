@@ -1,6 +1,6 @@
 """The ``release`` preset, raw probabilities and the retired per-list guard's alias, on the fake endpoint (the
 requests they send, and what they return). Live checks are in tests/test_e2e.py and the cross-check
-against the official code in benchmarks/release_crosscheck.py."""
+against the official code in ``python -m benchmarks.fidelity``."""
 
 from __future__ import annotations
 

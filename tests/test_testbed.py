@@ -215,7 +215,7 @@ def test_the_committed_slot_effects_are_what_the_fit_gives(tmp_path):
 
     root = pathlib.Path(__file__).resolve().parent.parent
     qrels = pathlib.Path("/work/shared/data/trec-dl19-passage/qrels.txt")
-    if not qrels.is_file() or not (root / "benchmarks/results/trec-dl19-passage/records.jsonl").is_file():
+    if not qrels.is_file() or not (root / "benchmarks/results/quality/records/trec-dl19-passage/records.jsonl").is_file():
         pytest.skip("needs the DL19 qrels and the packaged models' records")
     out = tmp_path / "effects.json"
     assert fit.main(["--qrels", str(qrels), "--out", str(out)]) == 0

@@ -26,7 +26,7 @@ ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 #: than this many standard errors (paired over the queries; ``choose_alpha`` keeps the highest agreement). On the
 #: testbed the query rule decides after ~9 queries, and the best-agreeing strength of so few lost up to .043 nDCG@10
 #: to CapCal at 1 after the decision; with 2, every fixed-shape cell is within .01 of the best fixed method
-#: (``benchmarks/results/after-decision.md``).
+#: (``benchmarks/results/quality/quality.md``, run ``after-decision``).
 MARGIN = 2.0
 
 View = TypeVar("View")

@@ -20,7 +20,7 @@ together, valid at every number of differences at once). Its lower end is above 
 mean square of the differences; a mixture pays at most ``log(len(FRACTIONS))`` for not knowing which. The testbed's
 readers have large gains (.14 to .32 nDCG@10, SD about .23), for which the best fraction is above 1, so the power is
 in the largest fractions; .5 keeps gains that are small against their spread (or a few large losses) within reach.
-Measured on the testbed's judged pools (``benchmarks/judged.py``; 2,000 random orders of the 97 queries a reader;
+Measured on the testbed's judged pools (``python -m benchmarks.decisions judged``; 2,000 random orders of the 97 queries a reader;
 the share calibrated by 30 judged queries for s = 1 / .5, the median count for s = .25):
 
 ================================  ==============  ===============

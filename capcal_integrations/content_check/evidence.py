@@ -52,10 +52,10 @@ A copy scaled by 2-3 thus says "reads" with probability at most ``1 / WIDE_E + 1
 relations have mean at least :data:`PARTIAL`, however weak its taste. ``relation`` is an estimate from noisy readings:
 for a taste below the readings' noise (SD .17 logits) sharpened 2-3x its mean is .75-.76 where the copy's true relation
 is 1, so the first condition alone did not hold such a copy back (6.7 % false "reads" at 3x; raising
-:data:`RELATED_E` to 1,000: 5.5 %). Measured: ``benchmarks/null_suite.py``.
+:data:`RELATED_E` to 1,000: 5.5 %). Measured: ``python -m benchmarks.decisions nulls``.
 
 One query moves either process by a bounded factor (at most ``1 + max(LAMBDAS)``), so one loud list
-cannot decide alone. Measured on the testbed (``benchmarks/decisions.py``).
+cannot decide alone. Measured on the testbed (``python -m benchmarks.decisions nulls``).
 
 Pure; no I/O. :mod:`.check` pools the queries' readings with it.
 """
@@ -77,14 +77,15 @@ LEVEL = 0.01
 #: False "does not read" for a model whose queries score at least :data:`EFFECT`, at most this.
 MISS = 0.05
 #: The smallest mean query score (:func:`agreement`) worth calibrating for: on the testbed a content slope of
-#: about 0.15 logits per relevance grade (0.2 scores about 0.5; ``benchmarks/decisions.py`` measures it).
+#: about 0.15 logits per relevance grade (0.2 scores about 0.5; the ``decisions-content-rule`` run measured it).
 EFFECT = 0.4
 #: Queries after which an undecided check says "does not read (undecided)".
 CAP = 40
 #: "reads" also needs the e-process for "the content goes the first stage's way" at this: a model whose content
-#: goes neither way reaches it with probability at most 1/20. Chosen on ``benchmarks/decisions.py`` (the testbed's
-#: readers: within 24 queries at s = .5 in 92-96 % of top-20 runs) against ``benchmarks/real_decision.py`` (the
-#: packaged 0.5B's 43 DL19 readings: "reads" in no query order tried but 1.6 % of 500 random ones; 5: 3.8 %).
+#: goes neither way reaches it with probability at most 1/20. Chosen on the testbed (the ``decisions-content-rule`` run
+#: of ``benchmarks/results/decisions/decisions.md``: readers within 24 queries at s = .5 in 92-96 % of top-20 runs)
+#: against a real model (its ``real-decision-0.5b`` run: the packaged 0.5B's 43 DL19 readings: "reads" in no query
+#: order tried but 1.6 % of 500 random ones; 5: 3.8 %).
 ALIGN_E = 20.0
 #: The betting fraction of the alignment e-process (a high one: a model whose alignments swing between -1 and
 #: +1, as the packaged models' do, loses its evidence fast; a reader's, about .33 +- .34 a query on DL19, builds).
@@ -113,7 +114,7 @@ WIDE_E = 50.0
 #: ... or an e-process against "the mean relation is at least :data:`PARTIAL`" (the query-free preference accounts for
 #: half the with-query one or more; the bets :data:`RELATED_BETS`, capped at ``.95 / (1 - PARTIAL)``) to reach
 #: :data:`PARTIAL_E`: a reader without a taste of its own (relation about 0) passes here, where subtracting up to 3x its
-#: noisy query-free estimates slows its e-values over the wider range. Chosen on ``benchmarks/null_suite.py``'s cells
+#: noisy query-free estimates slows its e-values over the wider range. Chosen on the null suite's cells (``benchmarks/_nulls.py``)
 #: (50 and 50: no false "reads" in 2,000 at 3x own SD .17, power at least 96 % in every shape; 20 and 10: 5 of 2,000;
 #: 100 and 100: a plain reader at s = 1 on windows within 12 queries in 90 %).
 PARTIAL = 0.5

@@ -16,7 +16,8 @@ does not raise it, nor does a skewed distribution of the differences (many small
 gain's interval is the matching confidence sequence (95 %, valid at every count at once). Neither depends on
 :data:`MIN_JUDGED`, an input check (fewer queries cannot reach 40 anyway). The price of that validity is queries:
 on the testbed, a reader of strength s = 1 (a mean gain of .32 nDCG@10) needs a median of 18 judged queries, s = .5
-(.26) 22 and s = .25 (.14) 39 (``benchmarks/results/judged.md``; docs/content-check.md has the table).
+(.26) 22 and s = .25 (.14) 39 (the ``judged`` run of ``benchmarks/results/decisions/decisions.md``; docs/content-check.md has
+the table).
 
 **Pooled, not replaced.** The decision keeps its judged queries (:func:`judged_identity`: a salted hash of the
 query's words) and their nDCG@10 calibrated, given and uncalibrated, in order; a later ``decide()`` on the same

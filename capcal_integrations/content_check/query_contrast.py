@@ -2,8 +2,8 @@
 
 The content check (:mod:`.contrast`) asks whether the passages move the model, slot effects cancelled. A model
 with consistent preferences of its own (length, style, a word) passes that test without reading the query;
-both packaged models have such preferences on DL19 (``benchmarks/results/real-decision-*.md``), and the
-alignment evidence that keeps them out also delays a reader (``benchmarks/results/tradeoff.md``). This rule
+both packaged models have such preferences on DL19 (the ``real-decision-*`` runs of the decisions results), and the
+alignment evidence that keeps them out also delays a reader (its ``tradeoff`` run). This rule
 reads each query's list in pairs of orders (:func:`reading_orders`: the content check's four, and for lists of
 fewer than :data:`THIRD_BELOW` slot pairs a third pair), each order twice: with the query, and with the query
 replaced by :data:`~.prompts.QUERY_PLACEHOLDER`. A pair of orders shows every passage pair ``m`` (passages
@@ -14,7 +14,7 @@ is twice the query's effect on the pair, plus noise, ``K`` times over (``K`` pai
 
 Each ``d_i`` is **centred** over the list's pairs (:func:`centred`): in the given order the pair ``(m, m + h)`` is
 always ``h`` first-stage ranks apart, so a query effect that only lifts the first stage's better half (a lexical
-match; what both packaged models show on DL19: ``benchmarks/results/query-free-*.md``) is a constant and drops
+match; what both packaged models show on DL19: the ``query-free-*`` runs) is a constant and drops
 out like no effect at all; a reader's differs from pair to pair with relevance and remains.
 
 **Without a query effect** (or with one alike in every pair) the ``K`` centred estimates are independent and each
@@ -58,10 +58,10 @@ __all__ = ["THIRD_BELOW", "KAPPA", "SCALES", "WIDE_SCALES", "reading_orders", "s
 
 #: Lists of fewer slot pairs than this are read in a third pair of orders (twelve readings instead of eight): a
 #: short list's two estimates agree by chance too often to bet much on (mixed lengths 3-30 at s = 1: "reads"
-#: within 12 queries in 92-95 % of testbed runs with two, 98.8-100 % with three; ``benchmarks/results/decisions-query.md``).
+#: within 12 queries in 92-95 % of testbed runs with two, 98.8-100 % with three; the ``decisions-query`` run).
 THIRD_BELOW = 10
 #: How strongly one query's agreement counts, per degree of freedom of its centred estimates (``kappa = KAPPA *
-#: (h - 1)``); chosen on the testbed's mixed lengths (0.15-0.5 tried: ``benchmarks/results/decisions-query.md``).
+#: (h - 1)``); chosen on the testbed's mixed lengths (0.15-0.5 tried: the ``decisions-query`` run).
 KAPPA = 0.15
 #: The scales ``lambda`` of a model's own preference that the rule's null allows (with the query, a model may prefer
 #: what it prefers without it, more or less sharply): a query's e-value is the least over these (:func:`judge_scaled`).

@@ -43,7 +43,8 @@ __all__ = ["ContentRule", "RULES", "DEFAULT_RULE", "QUERY_ALIGN_E", "QUERY_LAMBD
            "guard_value"]
 
 #: The alignment evidence the ``"query"`` rule's "reads" needs (the content rule's: :data:`~.evidence.ALIGN_E`):
-#: none; a model's own taste cancels in what the query adds (``benchmarks/results/decisions-query.md``).
+#: none; a model's own taste cancels in what the query adds (the ``decisions-query`` run of
+#: ``benchmarks/results/decisions/decisions.md``).
 QUERY_ALIGN_E = 0.0
 #: Its betting fraction on "does not read" (the "reads" side multiplies each query's own e-value:
 #: :func:`~.query_contrast.judge`).
@@ -78,7 +79,8 @@ class ContentRule:
 #: since "reads" also needs the taste gate over the scales 0.5-3 (:data:`~.evidence.WIDE_E`, issue 48: a weak taste
 #: sharpened 3x passed the gate before, key ``query-three``, whose saved decisions are refused). ``"content"``: the
 #: four orders with the query only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a
-#: model's own preferences that also delays a reader (``benchmarks/results/tradeoff.md``).
+#: model's own preferences that also delays a reader (the ``tradeoff`` run of
+#: ``benchmarks/results/decisions/decisions.md``).
 RULES: dict[str, ContentRule] = {
     "query": ContentRule("query", query_contrast.reading_orders, query_contrast.summary,
                          lambda cap: Evidence(cap=cap, align_e=QUERY_ALIGN_E, lambdas=QUERY_LAMBDAS,

@@ -13,8 +13,8 @@ list has every slot):
 * the residual standard deviations of both (the noise of the empty and of the real stream, in logits).
 
 From several readings of the same list in different orders (the records' ``shuffle`` variants of a list
-beside its ``rank`` record, or a JSON of first-step readings as given and with the halves swapped, as
-``benchmarks/decision_sampling.py`` saves them) it splits the real prompt's list x slot variation, by the
+beside its ``rank`` record, or a JSON of first-step readings as given and with the halves swapped:
+``benchmarks/results/decisions/records/decision-sampling-1.5b.json``) it splits the real prompt's list x slot variation, by the
 method of moments on the residuals ``z`` of ``log p`` (each reading centred, the slot means over all
 readings removed), into
 
@@ -143,7 +143,7 @@ def _halves(n: int) -> list[int]:
 
 def paired_readings(path: str | pathlib.Path) -> list[Reorder]:
     """The readings of a JSON whose ``readings`` are ``[given, swapped]`` first-step log-probabilities per list
-    (``benchmarks/decision_sampling.py``, ``benchmarks/testbed.py --real``): the given order and the halves swapped."""
+    (``benchmarks/results/decisions/records/decision-sampling-1.5b.json``): the given order and the halves swapped."""
     stored = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     out = []
     for given, swapped in stored["readings"]:
@@ -203,9 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=str(here / "slot_effects.json"))
     args = ap.parse_args(argv)
     records = args.records or [
-        ("0.5b", str(root / "benchmarks/results/trec-dl19-passage/records.jsonl")),
-        ("1.5b", str(root / "benchmarks/results/trec-dl19-passage@1.5b/records.jsonl"))]
-    paired = dict(args.readings or [("1.5b", str(root / "benchmarks/results/decision-sampling-1.5b.json"))])
+        ("0.5b", str(root / "benchmarks/results/quality/records/trec-dl19-passage/records.jsonl")),
+        ("1.5b", str(root / "benchmarks/results/quality/records/trec-dl19-passage@1.5b/records.jsonl"))]
+    paired = dict(args.readings or [("1.5b", str(root / "benchmarks/results/decisions/records/decision-sampling-1.5b.json"))])
     grades: dict[str, dict[str, int]] = {}
     with open(args.qrels, encoding="utf-8") as f:
         for line in f:

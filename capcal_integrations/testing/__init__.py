@@ -80,7 +80,7 @@ def every_node(reranker: Any) -> Iterator[Any]:
     """``reranker`` reading every identifier-trie node at every step while in the block: the whole reading a lazy one
     (vanilla's and capcal's middle steps, which ask only the nodes their choice needs) is compared with. The endpoint's
     kind is read as one whose prompts cost nothing of their own (``Kind.costly_prompts`` off), as
-    ``benchmarks/floor.py``'s "every node" rows do; restored after the block."""
+    the "every node" rows of ``python -m benchmarks.cost`` do; restored after the block."""
     kind = kind_of(reranker.capabilities())
     kind.costly_prompts = False
     try:

@@ -1,6 +1,6 @@
 """A rig, not a double: two real llama.cpp servers (the ``[embedded]`` extra) behind vllm-router
 (``--policy consistent_hash``, ``pip install vllm-router``), on loopback, for measuring what a router does
-with a ranking's requests (tests/test_router_e2e.py, benchmarks/router.py). Not imported by
+with a ranking's requests (tests/test_router_e2e.py; the ``router`` run of benchmarks/results/cost/cost.md). Not imported by
 :mod:`capcal_integrations.testing`; import it as ``capcal_integrations.testing.router``.
 
 What reached which server is read from two records:
