@@ -31,13 +31,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that uses the real server is an e2e test, marked or not: ``-m "not e2e"`` never starts one."""
+    """A test that uses the real server is an e2e test, marked or not: ``-m "not e2e"`` never starts one. The tests
+    without a server run first (in their files' order; so do the e2e tests after them): while they keep one core
+    busy, the vLLM server starts on the other (:func:`pytest_collection_finish`), and ``.ci/run`` runs the benchmark
+    smokes beside them."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "server_url" in names or "vllm_url" in names or "hosted_server" in names:
             item.add_marker(pytest.mark.e2e)
         if "vllm_url" in names:
             item.add_marker(pytest.mark.vllm)
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)
 
 
 @pytest.fixture(scope="session")
