@@ -221,18 +221,24 @@ def test_the_least_e_value_over_the_scales_has_mean_at_most_one_at_any_scale_in_
     """The guarantee in one line: for a model whose with-query preference is ``lambda`` times its query-free one plus
     symmetric noise, the rule's e-value is at most the sign-flip e-value at ``lambda`` (mean exactly 1), so its mean
     is at most 1 for every ``lambda`` in the range. Checked over every sign pattern of the noise."""
-    import itertools
-
     rng = random.Random(7)
     for scale in (0.8, 1.0, 1.31, 1.67, 2.0):
-        for _ in range(10):
-            own = [rng.gauss(0.0, 2.0) for _ in range(10)]
-            fs = [[t + rng.gauss(0.0, 0.3) for t in own] for _ in range(2)]
-            noise = [[rng.gauss(0.0, 0.3) for _ in own] for _ in range(2)]
-            es_of = [[[scale * f + s * x for f, x in zip(fs[i], noise[i])] for i, s in enumerate(signs)]
-                     for signs in itertools.product((1, -1), repeat=2)]
+        for es_of, fs in _scaled_copies(rng, scale):
             mean = sum(judge_scaled(es, fs)[3] for es in es_of) / len(es_of)
             assert mean <= 1.0 + 1e-9, (scale, mean)
+
+
+def _scaled_copies(rng: random.Random, scale: float, draws: int = 10):
+    """``draws`` times: a taste (SD 2, 10 passages) read twice query-free (``fs``), and the with-query readings
+    ``scale`` times them plus noise, under every sign pattern of that noise (``es_of``)."""
+    import itertools
+
+    for _ in range(draws):
+        own = [rng.gauss(0.0, 2.0) for _ in range(10)]
+        fs = [[t + rng.gauss(0.0, 0.3) for t in own] for _ in range(2)]
+        noise = [[rng.gauss(0.0, 0.3) for _ in own] for _ in range(2)]
+        yield [[[scale * f + s * x for f, x in zip(fs[i], noise[i])] for i, s in enumerate(signs)]
+               for signs in itertools.product((1, -1), repeat=2)], fs
 
 
 def test_the_e_value_over_the_wider_range_has_mean_at_most_one_up_to_3x():
@@ -240,17 +246,10 @@ def test_the_e_value_over_the_wider_range_has_mean_at_most_one_up_to_3x():
     copy scaled by any factor up to 3, as the rule's own e-value (over 0.5-2) has up to 2; past 2 the rule's own does
     not (a copy sharper than 2x builds evidence there: the gate is what holds it back). Checked over every sign
     pattern of the noise."""
-    import itertools
-
     rng = random.Random(48)
     past_two = []
     for scale in (0.5, 1.0, 2.0, 2.3, 2.7, 3.0):
-        for _ in range(10):
-            own = [rng.gauss(0.0, 2.0) for _ in range(10)]
-            fs = [[t + rng.gauss(0.0, 0.3) for t in own] for _ in range(2)]
-            noise = [[rng.gauss(0.0, 0.3) for _ in own] for _ in range(2)]
-            es_of = [[[scale * f + s * x for f, x in zip(fs[i], noise[i])] for i, s in enumerate(signs)]
-                     for signs in itertools.product((1, -1), repeat=2)]
+        for es_of, fs in _scaled_copies(rng, scale):
             wide = sum(query_facts(es, fs)[7] for es in es_of) / len(es_of)
             assert wide <= 1.0 + 1e-9, (scale, wide)
             if scale > max(SCALES):
