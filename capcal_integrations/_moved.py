@@ -1,4 +1,4 @@
-"""The module paths of releases before the folders (issue 37) still import, each with one ``FutureWarning``
+"""The module paths of releases before the package's folders still import, each with one ``FutureWarning``
 naming its new path: ``import capcal_integrations.adapter`` is ``capcal_integrations.integrations.adapter``.
 
 A finder at the end of ``sys.meta_path`` answers only the old names below (nothing on disk has them), with

@@ -1,4 +1,4 @@
-"""Whether a label is certainly CapCal's choice at a step, from intervals of the joint probabilities (issue 49).
+"""Whether a label is certainly CapCal's choice at a step, from intervals of the joint probabilities.
 
 A lazy step asks only some identifier-trie nodes. A label's joint probability is a product of node factors,
 and a factor not asked lies in [0, 1], so on the real stream each label's probability ``a_i`` lies in

@@ -1,4 +1,4 @@
-"""What a decision from labels saw (issue 50): each judged query's nDCG@10 in its given order and calibrated, the
+"""What a decision from labels saw: each judged query's nDCG@10 in its given order and calibrated, the
 queries calibrating helped and hurt most, and a picture of every query's difference beside the decision's mean
 gain, its interval and its outcome (an SVG written here: no plotting library needed).
 

@@ -1,4 +1,4 @@
-"""The judged-query files ``capcal decide`` reads (issue 50), each as ``(query, passages, grades)`` triples:
+"""The judged-query files ``capcal decide`` reads, each as ``(query, passages, grades)`` triples:
 
 * ``beir``: a BEIR folder as BEIR ships it (``corpus.jsonl``: ``{"_id", "title", "text"}``; ``queries.jsonl``:
   ``{"_id", "text"}``; ``qrels/test.tsv``: ``query-id corpus-id score`` under a header line), each query's

@@ -1,4 +1,4 @@
-"""``capcal label``: a page on this machine to grade retrieved passages, one question at a time (issue 50).
+"""``capcal label``: a page on this machine to grade retrieved passages, one question at a time.
 
     capcal label questions.jsonl --out labels.jsonl        # then open the URL it prints
     capcal decide --judged labels.jsonl                    # decide from the grades

@@ -61,7 +61,7 @@ _deciding: set[str] = set()  # key_id of the keys whose first kept list said so 
 def query_identity(query: str) -> str:
     """A query's identity for the check: its words, case and compatibility forms folded, punctuation and spacing
     dropped. The check's e-values assume each query is a new draw; the same query asked again (with another
-    passage, another capitalisation) would be the same evidence counted twice (issue 33: repeated queries).
+    passage, another capitalisation) would be the same evidence counted twice (the null suite's repeated-query cells).
 
     >>> query_identity("What is a  Flea?") == query_identity("what is a flea") != query_identity("what is a tick")
     True

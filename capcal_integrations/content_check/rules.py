@@ -76,7 +76,7 @@ class ContentRule:
 #: query's e-value from the signs of its estimates (:mod:`.query_contrast`): a model's preferences of its own, the
 #: same whatever the query, cancel, and so does a query effect alike in every pair. Three outcomes: "reads", "does
 #: not read", "cannot tell" (docs/content-check.md: each one's guarantee and its conditions); its key ``query-three-wide``
-#: since "reads" also needs the taste gate over the scales 0.5-3 (:data:`~.evidence.WIDE_E`, issue 48: a weak taste
+#: since "reads" also needs the taste gate over the scales 0.5-3 (:data:`~.evidence.WIDE_E`: a weak taste
 #: sharpened 3x passed the gate before, key ``query-three``, whose saved decisions are refused). ``"content"``: the
 #: four orders with the query only (:mod:`.contrast`), half the deciding prompts, and an alignment threshold against a
 #: model's own preferences that also delays a reader (the ``tradeoff`` run of

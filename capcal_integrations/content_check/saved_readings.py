@@ -9,7 +9,7 @@ once the key has a decision (the decision's own file then holds what matters).
 * What is kept: each query's reading (its first-step log-probabilities by slot, :class:`~.contrast.Reading`) and
   its identity (:func:`~.content_check.query_identity`: a SHA-256 of the query's words, never the words, hashed
   again under the folder's random key, :func:`~.saved_folder.keyed`, so the file does not say which public queries
-  were asked), so a query read in one process is not read, and counted, again in the next (issue 33: repeated
+  were asked), so a query read in one process is not read, and counted, again in the next (the null suite's repeated
   queries), plus the evidence so far for ``capcal status``. Version 1 files held unkeyed identities: they are not
   read (their queries would count twice).
 * Processes reading at once: a save merges under the folder's lock (a query already in the file is not added

@@ -14,7 +14,7 @@ merges with its neighbours. Two sources of ids are tested:
 What is found goes to ``state.controls`` (ids: every prompt is checked by them, :mod:`.vllm`'s
 ``token_prompts``) and ``state.declared`` (texts: neutralised in every span, :func:`~..calls.text_messages`).
 
-**Bounded work** (issue 36): what one answer set may cost does not grow with what the server answers: at most
+**Bounded work**: what one answer set may cost does not grow with what the server answers: at most
 :data:`MAX_IDS` distinct ids are read and :data:`MAX_CANDIDATES` tested (a :class:`~..errors.ResponseError`
 naming the bound past it), each with a constant number of requests (the dialect's: vLLM one ``/detokenize``
 and two ``/tokenize`` per candidate, SGLang two requests in all).

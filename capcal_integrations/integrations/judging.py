@@ -1,5 +1,5 @@
 """Judged queries from the evaluation set a RAG developer already has and the retriever they rank after: what
-both adapters' ``CapCalRerank.decide(retriever, dataset)`` share (issue 50).
+both adapters' ``CapCalRerank.decide(retriever, dataset)`` share.
 
 A dataset is a list of :class:`Question`: its text and what answers it (ids or passage texts, each with a grade;
 1 where the dataset only lists them). Each question's retrieved items, in the retriever's order, are graded by

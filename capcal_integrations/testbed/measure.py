@@ -7,7 +7,7 @@ the same draws. Lists are taken in an order shuffled per draw (a decision made o
 not always see the same ones). nDCG@10 is trec_eval's (linear gains, the ideal from all of the
 query's judgements). A test instrument: the numbers say what the rules do on the testbed's model.
 
-The lists and the **traffic shapes** they reach the reranker in (issue 22: ``fixed``, ``mixed``, ``windows``,
+The lists and the **traffic shapes** they reach the reranker in (``fixed``, ``mixed``, ``windows``,
 ``concurrent``; :data:`~.workload.SHAPES`) are :mod:`.workload`'s; the rows measured and their Markdown tables
 are :mod:`.results`'s (both re-exported here). :func:`estimate` times a few lists of a shape to say how long a
 measurement will take.
@@ -44,14 +44,14 @@ log = logging.getLogger(__name__)
 
 
 #: Methods measured, as ranking options (``None``: the first-stage order). ``default`` is whatever the
-#: default options do (the query-free content rule since issue 22; the per-list guard before issue 25).
+#: default options do (the content check's query rule, ``guard="query"``).
 METHODS: dict[str, dict[str, Any] | None] = {
     "bm25": None,
     "vanilla": {"method": "vanilla"},
     "capcal-adaptive": {"method": "capcal", "alpha": "adaptive", "guard": None},
     "capcal-1": {"method": "capcal", "alpha": 1.0, "guard": None},
     "default": {"check_wait": True},
-    "content": {"check_wait": True, "guard": "content"},  # the content rule (the default before issue 22)
+    "content": {"check_wait": True, "guard": "content"},  # the content rule (an earlier default)
     "capcal-chosen": {"method": "capcal", "alpha": "chosen", "guard": None},
 }
 #: ``alpha="chosen"`` (``capcal-chosen``): the strength the default's content check chose on its first lists

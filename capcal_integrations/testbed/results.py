@@ -59,7 +59,7 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-#: The columns of :func:`pivot`: the methods issue 17 compares against ``s``.
+#: The columns of :func:`pivot`: the methods compared against ``s``.
 PIVOT = ("bm25", "vanilla", "capcal-adaptive", "capcal-1", "capcal-chosen", "capcal-best", "default")
 
 

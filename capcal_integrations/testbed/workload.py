@@ -3,7 +3,7 @@
 :func:`bench_lists` takes the first candidates of every topic of a dataset as :class:`BenchList` (the query,
 its passages in first-stage order, their grades and every judged grade of the query).
 
-**Traffic shapes** (issue 22, :data:`SHAPES`): ``fixed`` ranks every list as loaded (the top 20), one after
+**Traffic shapes** (:data:`SHAPES`): ``fixed`` ranks every list as loaded (the top 20), one after
 another; ``mixed`` cuts each list to a length drawn from 3..30 (a similarity cut-off or ``top_k``);
 ``windows`` cuts each to a length drawn from 50..100 (DL19 and DL20 have 100 candidates per query) and the
 library slides its window (20 passages, stride 10) over it; ``concurrent`` ranks the top 20 of every list
@@ -34,7 +34,7 @@ class BenchList:
     ideal: tuple[int, ...]
 
 
-#: The traffic shapes of issue 22 (see the module docstring).
+#: The traffic shapes (see the module docstring).
 SHAPES: dict[str, str] = {
     "fixed": "every list as loaded (the top 20), one after another",
     "mixed": "each list cut to a length drawn from 3..30, one after another",

@@ -69,7 +69,7 @@ def _same(a: str | None, b: str | None) -> bool:
 
 
 def resolve_endpoint(base_url: str | None = None, api_key: str | None = None) -> tuple[str, str]:
-    """The URL and the key to send it, each key only with its own URL (issue 36):
+    """The URL and the key to send it, each key only with its own URL:
 
     * the URL: ``base_url``, else ``$CAPCAL_BASE_URL``, else ``$OPENAI_BASE_URL``; none: an :class:`InputError`
       that says how to start the embedded server (``$CAPCAL_API_KEY`` alone names no URL: the library does not
