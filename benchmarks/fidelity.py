@@ -278,7 +278,6 @@ def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
     from capcal_integrations.testbed.endpoint import _prompt_list
     from capcal_integrations.testbed.measure import bench_lists
     from capcal_integrations.testing import every_node
-
     def nodes(sent: list) -> int:  # each prompt of a completions prompt list, each chat request
         return sum(len(_prompt_list(json.loads(r.content)["prompt"])) if r.url.path.endswith("/v1/completions")
                    else r.url.path.endswith("/chat/completions") for r in sent)
@@ -288,7 +287,7 @@ def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
     with C.server(args.base_url, args.model, args.engine) as ep:
         http = httpx.Client(transport=replay, event_hooks={"request": [sent.append]}, timeout=3600)
         rr = CapCalReranker(client=openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key or "x", http_client=http,
-                                                 max_retries=0), model=ep.model, guard=None)
+                                                 max_retries=0), model=ep.model, guard=None, preset=args.preset)
         caps = rr.capabilities()
         for k, b in enumerate(lists):
             for alpha in (a if a == "adaptive" else float(a) for a in args.alphas.split(",")):
@@ -358,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     lz.add_argument("--lists", type=int, default=10)
     lz.add_argument("--passages", type=int, default=20)
     lz.add_argument("--alphas", default="adaptive,1.0", help="strengths, comma-separated (default %(default)s)")
+    lz.add_argument("--preset", default=None, help="the reranker's preset (release: the raw form, the authors' prompt)")
     lz.add_argument("--base-url", default=None)
     lz.add_argument("--model", default="0.5b")
     lz.add_argument("--engine", default="llamacpp", choices=("llamacpp", "vllm"))
