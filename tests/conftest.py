@@ -88,13 +88,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     not otherwise)."""
     if os.environ.get("CAPCAL_TEST_VLLM_URL") or not any(item.get_closest_marker("vllm") for item in session.items):
         return
-    from capcal_integrations.errors import MissingExtra
     from capcal_integrations.server import VllmServer
     from capcal_integrations.server.vllm import check_vllm
 
     try:
         check_vllm()
-    except MissingExtra:
+    except Exception:  # not usable here: vllm_url checks again and says why (skip, or fail under CAPCAL_REQUIRE_VLLM)
         return
     server = VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b"))
 
@@ -117,10 +116,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
-    """Base URL of a real vLLM server with the packaged model, started once per session."""
+    """Base URL of a real vLLM server with the packaged model, started once per session (in the background at
+    collection when it could be: :func:`pytest_collection_finish`)."""
     external = os.environ.get("CAPCAL_TEST_VLLM_URL")
     if external:
         yield external.rstrip("/")
+        return
+    server = _early_vllm.pop("server", None)
+    if server is not None:  # started at collection, vLLM checked usable there
+        _early_vllm["thread"].join()
+        try:
+            if "error" in _early_vllm:
+                raise _early_vllm.pop("error")
+            yield server.base_url
+        finally:
+            server.stop()
         return
     from capcal_integrations.errors import MissingExtra
     from capcal_integrations.server import VllmServer
@@ -132,17 +142,7 @@ def vllm_url() -> Iterator[str]:
         if os.environ.get("CAPCAL_REQUIRE_VLLM") == "1":
             pytest.fail(f"CAPCAL_REQUIRE_VLLM=1 but vLLM is not usable: {err}")
         pytest.skip(f"no vLLM: {err}")
-    server = _early_vllm.pop("server", None)
-    if server is None:
-        yield from _serving(VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b")))
-        return
-    _early_vllm["thread"].join()
-    try:
-        if "error" in _early_vllm:
-            raise _early_vllm.pop("error")
-        yield server.base_url
-    finally:
-        server.stop()
+    yield from _serving(VllmServer(model=os.environ.get("CAPCAL_TEST_MODEL", "0.5b")))
 
 
 @pytest.fixture(scope="session")

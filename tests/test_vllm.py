@@ -88,6 +88,7 @@ def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr, 
     # capcal's middle steps ask only the nodes that certify their choice (reading.certified), on vLLM's token-id prompt
     # lists as on llama.cpp's; the whole reading is the same reranker with every node asked. A fixed and the adaptive
     # strength, each on a list of the tiny DL19 fixture: the same orders, up to vLLM's drift on a near-tie
+    rr.capabilities()  # the probe's own prompts are not the lazy reading's (this test may run first)
     pruned = 0
     for alpha, (query, passages) in zip((1.0, "adaptive"), dl19_lists()):
         lazy_rr = rr.with_options(method="capcal", alpha=alpha)
