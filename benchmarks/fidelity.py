@@ -33,7 +33,6 @@ and the nodes (prompts) each asked, counted from the requests.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
@@ -45,6 +44,7 @@ import time
 from typing import Any
 
 from benchmarks import _common as C
+from benchmarks._lazy import add_arguments, lazy
 from capcal_integrations import CapCalReranker
 from capcal_integrations.evaluation.data import Topic, load_dataset
 from capcal_integrations.prompts.render import clean_passage, passage_text
@@ -270,64 +270,6 @@ def official(args: argparse.Namespace) -> None:
             print(f"{topic.qid} {variant:<8} {rows[-1]['seconds']:7.1f} s  {order}", flush=True)
 
 
-def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
-    """Lazy capcal against the whole reading on a real server: the lazy reading answered from the whole one's record."""
-    import httpx
-    import openai
-
-    from capcal_integrations.testbed.endpoint import _prompt_list
-    from capcal_integrations.testbed.measure import bench_lists
-    from capcal_integrations.testing import every_node
-    def nodes(sent: list) -> int:  # each prompt of a completions prompt list, each chat request
-        return sum(len(_prompt_list(json.loads(r.content)["prompt"])) if r.url.path.endswith("/v1/completions")
-                   else r.url.path.endswith("/chat/completions") for r in sent)
-
-    rows, sent, replay = [], [], C.Replay()
-    lists = bench_lists(args.data or C.need_data("trec-dl19-passage"))[:2 if args.smoke else args.lists]
-    with C.server(args.base_url, args.model, args.engine) as ep:
-        http = httpx.Client(transport=replay, event_hooks={"request": [sent.append]}, timeout=3600)
-        rr = CapCalReranker(client=openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key or "x", http_client=http,
-                                                 max_retries=0), model=ep.model, guard=None, preset=args.preset)
-        caps = rr.capabilities()
-        for k, b in enumerate(lists):
-            for alpha in (a if a == "adaptive" else float(a) for a in args.alphas.split(",")):
-                row: dict[str, Any] = {"list": k, "alpha": alpha}
-                replay.record.clear()
-                for name in ("whole", "lazy"):  # the whole reading recorded, the lazy one answered from the record
-                    sent.clear()
-                    replay.recording, replay.missed, one = name == "whole", 0, rr.with_options(method="capcal", alpha=alpha)
-                    with every_node(one) if name == "whole" else contextlib.nullcontext(one) as ranked:
-                        row[name] = ranked.rerank(b.query, list(b.passages)[:5 if args.smoke else args.passages])
-                    row[f"nodes_{name}"] = nodes(sent)
-                lz, wh = row.pop("lazy"), row.pop("whole")
-                row.update(identical=lz.order == wh.order, pruned=sum(s.pruned > 0 for s in lz.steps), steps=len(lz.steps),
-                           not_in_record=replay.missed,
-                           parted=next(([i, max(w.scores) - w.scores[w.candidates.index(a.chosen)]] for i, (a, w) in
-                                        enumerate(zip(lz.steps, wh.steps)) if a.chosen != w.chosen), None))
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-    table = []
-    for alpha in dict.fromkeys(r["alpha"] for r in rows):
-        rs = [r for r in rows if r["alpha"] == alpha]
-        nl, nw = (sum(r[k] for r in rs) / len(rs) for k in ("nodes_lazy", "nodes_whole"))
-        table.append([alpha, len(rs), sum(r["identical"] for r in rs), ", ".join(
-            f"{r['parted'][0]}: {r['parted'][1]:.3f}" for r in rs if r["parted"]) or "none",
-            f"{sum(r['pruned'] for r in rs)} / {sum(r['steps'] - 2 for r in rs)}", f"{nl:.0f}", f"{nw:.0f}",
-            f"{nl / nw:.2f}", sum(r["not_in_record"] for r in rs)])
-    server = caps.server or caps.kind.name
-    return {"name": args.name or f"lazy-live-{server}" + ("-smoke" if args.smoke else ""), "stamp": stamp,
-            "title": f"Lazy capcal against the whole reading, live on {server}",
-            "notes": ["Each list ranked by capcal twice: whole (every trie node of both streams, each prompt's answer "
-                      "recorded) and lazy (middle steps certified by bounds), each prompt it asks answered from that "
-                      "record: a differing order would be the certificate's, not the server's drift. *parted*: the "
-                      "step where the choices first differ and how far the lazy choice's calibrated score is below the "
-                      "whole reading's best there. A cold list's cost in seconds is the cost command's."],
-            "tables": [{"columns": ["alpha", "lists", "identical orders", "parted (step: gap)",
-                                    "middle steps certified early", "nodes / list, lazy", "nodes / list, whole",
-                                    "lazy / whole", "lazy prompts not in the record"], "rows": table}],
-            "data": {"model": caps.model, "rows": rows}}
-
-
 def _shown(path: str) -> str:
     p = pathlib.Path(path).resolve()
     return str(p.relative_to(C.ROOT)) if p.is_relative_to(C.ROOT) else path
@@ -353,14 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     off.add_argument("--dtype", choices=("float32", "auto"), default="float32")
     off.add_argument("--verbose", action="store_true", help="also show the release's INFO log on the console")
     lz = C.subcommand(sub, "lazy", "lazy capcal against the whole reading on a real server")
-    lz.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
-    lz.add_argument("--lists", type=int, default=10)
-    lz.add_argument("--passages", type=int, default=20)
-    lz.add_argument("--alphas", default="adaptive,1.0", help="strengths, comma-separated (default %(default)s)")
-    lz.add_argument("--preset", default=None, help="the reranker's preset (release: the raw form, the authors' prompt)")
-    lz.add_argument("--base-url", default=None)
-    lz.add_argument("--model", default="0.5b")
-    lz.add_argument("--engine", default="llamacpp", choices=("llamacpp", "vllm"))
+    add_arguments(lz)
     args = ap.parse_args(argv)
     if args.what == "lazy":
         print(f"wrote {C.save('fidelity', lazy(args, C.stamp('fidelity', argv)), C.out_dir('fidelity', args))}")

@@ -171,7 +171,7 @@ def test_deadline_returns_decided_places_and_the_rest_in_first_stage_order(mode)
     # The fake endpoint answers the probe's and the first two steps' requests at once (counted on a ranking decoded
     # to depth 2: the endpoint is deterministic), then takes 2 s per answer: the deadline passes during the third
     # step, however loaded the machine (it once passed before the first step with a fixed 0.15 s per answer).
-    # Every node asked (capcal's middle steps would ask theirs in up to three rounds, the second step's as well)
+    # Every node asked (capcal's middle steps would ask theirs in rounds, the second step's as well)
     counted: list = []
     _reranker(make_handler(calls=counted), method="capcal", depth=2).rerank("q", PASSAGES)
     first_two = sum(c.url.path == "/v1/completions" for c in counted)

@@ -5,17 +5,13 @@ testbed replay over its scenarios (the ``lazy-capcal`` run of benchmarks/results
 over 540 lists)."""
 
 import asyncio
-import contextlib
 import json
-import random
 
 import pytest
 
 from capcal_integrations import CapCalReranker
 from capcal_integrations.reading import certified as certified_module
-from capcal_integrations.testbed import SimulatedEndpoint
-from capcal_integrations.testbed.endpoint import PassageIndex, SimulatedServer, _prompt_list
-from capcal_integrations.testbed.model import SCENARIOS
+from capcal_integrations.testbed.lazy import SCENARIOS, replay
 from tests._compare import every_node
 from tests.fake_endpoint import clients, make_handler, no_completions
 
@@ -70,76 +66,29 @@ def test_the_log_form_is_read_whole():
     assert all(s.pruned == 0 for s in ranking.steps)
 
 
-def test_both_streams_go_in_each_round_and_a_step_asks_at_most_three_rounds():
+def test_both_streams_go_in_each_round_and_a_step_asks_at_most_its_rounds():
     calls = []
     rr = fake("llama.cpp", calls=calls, alpha=1.0)
     ranking = rr.rerank("what is x", [f"passage {i} about x {i * 7 % 5}" for i in range(20)])
     bodies = [json.loads(c.content) for c in calls if c.url.path == "/v1/completions"]
     # llama.cpp: one request per stream and round (a second at the largest top-k where a wanted token was missing)
-    assert len(ranking.steps) < len(bodies) <= 2 * 2 * 3 * len(ranking.steps)
+    assert len(ranking.steps) < len(bodies) <= 2 * 2 * certified_module.ROUNDS * len(ranking.steps)
 
 
 # ------------------------------------------------------------------ testbed replay
 
-WORDS = "fleas cats dogs river mountain city sun moon star tree leaf rock salt iron gold rain snow wind".split()
-PEAKED = SCENARIOS["no-delta"].replace(prior=tuple(3 * x for x in SCENARIOS["no-delta"].prior), name="peaked-prior")
-#: name -> (model, content slope, list lengths)
-REPLAY = {"flat": (SCENARIOS["no-delta"], 0.3, (20,)), "peaked prior": (PEAKED, 3.0, (20,)),
-          "ties": (SCENARIOS["ties"], 1.0, (20,)), "heavy tails": (SCENARIOS["heavy-tails"], 1.0, (20,)),
-          "mixed lengths": (SCENARIOS["delta-0.5b"], 1.0, (3, 7, 13, 30)),
-          "windows of a 100-passage list": (SCENARIOS["noise-scale-1"], 1.0, (100,))}
-
-
-class Counting(SimulatedServer):
-    """The testbed's server, counting the prompts (trie nodes) it is asked."""
-
-    asked = 0
-
-    def _completions(self, body):
-        self.asked += len(_prompt_list(body.get("prompt")))
-        return super()._completions(body)
-
-
-def synthetic(k, lengths, seed=0):
-    rng = random.Random(seed)
-    out = []
-    for q in range(k):
-        n = lengths[q % len(lengths)]
-        passages = [f"{WORDS[(q + i) % len(WORDS)].title()} passage {q}-{i}: " + " ".join(rng.choice(WORDS) for _ in range(9))
-                    for i in range(n)]
-        out.append((f"query {seed}-{q}", passages, [rng.choice((0, 0, 0, 1, 2, 3)) for _ in range(n)]))
-    return out
-
-
-def replay(name, alpha, k, seed=0, **options):
-    """(lists, identical orders, nodes asked lazily, nodes asked by the whole reading) of one scenario."""
-    model, s, lengths = REPLAY[name]
-    data = synthetic(k, lengths, seed)
-    server = Counting(PassageIndex(data), model.replace(s=s, seed=seed))
-    endpoint = SimulatedEndpoint(server)
-    asked = []
-    orders = []
-    for lazy in (True, False):
-        rr = endpoint.reranker(method="capcal", alpha=alpha, guard=None, **options)
-        before = server.asked
-        with contextlib.nullcontext(rr) if lazy else every_node(rr):
-            orders.append([rr.rerank(q, p).order for q, p, _ in data])
-        asked.append(server.asked - before)
-    return len(data), sum(a == b for a, b in zip(*orders)), asked[0], asked[1]
-
-
 @pytest.mark.parametrize("alpha", [1.0, "adaptive"])
-@pytest.mark.parametrize("name", REPLAY)
+@pytest.mark.parametrize("name", SCENARIOS)
 def test_testbed_replay_the_same_orders_from_fewer_nodes(name, alpha):
     k = 1 if name.startswith("windows") else 4
-    lists, same, lazy, whole = replay(name, alpha, k, seed=3)
-    assert same == lists
-    assert lazy < whole
+    r = replay(name, alpha, k, seed=3)
+    assert r.identical == r.lists
+    assert r.nodes_lazy < r.nodes_whole
 
 
 def test_testbed_replay_the_raw_form():
-    lists, same, lazy, whole = replay("peaked prior", "adaptive", 3, seed=5, normalise=False)
-    assert same == lists and lazy < whole
+    r = replay("peaked prior", "adaptive", 3, seed=5, normalise=False)
+    assert r.identical == r.lists and r.nodes_lazy < r.nodes_whole
 
 
 def test_a_wrong_rival_bound_changes_an_order(monkeypatch):
@@ -150,5 +99,5 @@ def test_a_wrong_rival_bound_changes_an_order(monkeypatch):
         return [(lo, hi if lo == hi else hi / 4) for lo, hi in exact(logprobs, missing, normalise_shares)]
 
     monkeypatch.setattr(certified_module, "_box", shrunk)
-    lists, same, _, _ = replay("flat", "adaptive", 4, seed=3)
-    assert same < lists
+    r = replay("flat", "adaptive", 4, seed=3)
+    assert r.identical < r.lists
