@@ -5,6 +5,11 @@
     python -m benchmarks.fidelity crosscheck --records benchmarks/results/quality/records/trec-dl19-passage/records.jsonl
     TORCH_VENV/bin/python -m benchmarks.fidelity official --release-code CODE --data ../shared/data/trec-dl19-passage
     python -m benchmarks.fidelity lazy --lists 10 [--engine vllm]   # lazy capcal against the whole reading, live
+    python -m benchmarks.fidelity lazy --testbed --lists 50         # the same on the testbed's scenarios: no server
+    TORCH_VENV/bin/python -m benchmarks.fidelity first-step --release-code CODE --data ../shared/data/trec-dl19-passage
+    python -m benchmarks.fidelity first-step               # the library's first step, against the release's record
+    python -m benchmarks.fidelity first-step --smoke       # the committed first-step records compared again: seconds
+    python -m benchmarks.fidelity first-step --compare     # the same, into the results
 
 ``official`` runs, in a venv with torch and transformers, the release's own code (``USTC-StarTeam/CapCal`` at
 :data:`RELEASE_COMMIT`, its ``code/`` directory kept outside this repository) on CPU, its methods called unchanged
@@ -24,27 +29,37 @@ two orders part at rank 1), and reports per query and variant both orders, Kenda
 and, where they are not, the library's margin at the first step where they part (a small margin is a near-tie that
 the weights' quantisation can flip).
 
+``first-step`` compares the first decoding step label by label (p, q and the calibrated scores at rate 1.0, the
+prompts' bytes and token ids), the release's (``--release-code``, torch) against the preset's: :mod:`._release_code`.
+
 ``lazy`` ranks each DL19 list with ``method="capcal"`` (``guard=None``, adaptive and fixed strength) lazily (middle
 steps ask only the trie nodes that certify their choice) and whole (every node, ``testing.every_node``), on the same
 server: identical orders, where they part the step and how far the lazy choice is below the whole reading's best,
-and the nodes (prompts) each asked, counted from the requests.
+and the nodes (prompts) each asked, counted from the requests: :mod:`._lazy`.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import logging
 import os
 import pathlib
-import sys
 import tempfile
 import time
 from typing import Any
 
 from benchmarks import _common as C
 from benchmarks._lazy import add_arguments, lazy
+from benchmarks._release_code import (
+    MAX_DEPTH,
+    PLACEHOLDER,
+    RELEASE_COMMIT,
+    RELEASE_REPO,
+    add_subcommand,
+    first_step,
+    load_release,
+    release_digests,
+)
 from capcal_integrations import CapCalReranker
 from capcal_integrations.evaluation.data import Topic, load_dataset
 from capcal_integrations.prompts.render import clean_passage, passage_text
@@ -52,11 +67,6 @@ from capcal_integrations.ranking.orders import kendall_tau
 from capcal_integrations.types import Step
 
 OFFICIAL = C.RESULTS / "fidelity" / "records" / "official.json"
-RELEASE_REPO = "USTC-StarTeam/CapCal"
-RELEASE_COMMIT = "941f6d3d042c109f18c765c987d6fbcc79bc920b"
-RELEASE_FILES = ("llm_utils.py", "util.py", "BaseConfig.py", "logger.py", "__init__.py")
-PLACEHOLDER = "This is a placeholder passage for bias testing"  # the release's scripts' default (ExpConfig's ends in ".")
-MAX_DEPTH = 20  # the release scores the labels 1-20 only
 #: The official variants as library options (on top of ``preset="release"``), and as the quality command's specs.
 VARIANTS = {"vanilla": {"method": "vanilla"}, "fixed": {"method": "capcal", "alpha": 1.0},
             "adaptive": {"method": "capcal", "alpha": "adaptive"}}
@@ -148,42 +158,6 @@ def from_records(official: dict, records: pathlib.Path) -> list[dict[str, Any]]:
 def passages_of(topic: Topic, depth: int) -> list[str]:
     """The strings both sides show: the first ``depth`` candidates, cleaned as this library does."""
     return [clean_passage(passage_text(c.document()), None) for c in topic.candidates[:depth]]
-
-
-def load_release(args: argparse.Namespace, log_dir: str) -> tuple[Any, Any]:
-    """Import the release, build its config and return (fixed, adaptive) experiments sharing one model."""
-    sys.path.insert(0, str(args.release_code))
-    import torch
-    from src.BaseConfig import ConfigBase, DataConfig, ExpConfig, LogConfig, ModelConfig
-    from src.llm_utils import LLMExp_DynamicBias, LLMExp_StateMachine
-
-    config = ConfigBase(
-        model=ModelConfig(model_name=args.model_dir, local_files_only=True, device="cpu", max_length=8192,
-                          cache_use=True),
-        data=DataConfig(data_dir=str(args.data), output_dir=pathlib.Path(log_dir)),
-        experiment=ExpConfig(num_queries=args.queries, passages_per_query=args.depth, bias_rate=1.0,
-                             same_passage_text=PLACEHOLDER),
-        log=LogConfig(directory=pathlib.Path(log_dir), name="release_official"),
-    )
-    fixed = LLMExp_StateMachine(config)
-    if not args.verbose:  # the release logs every prompt at INFO; keep that in its log file only
-        for handler in fixed.logger.handlers:
-            if type(handler) is logging.StreamHandler:
-                handler.setLevel(logging.WARNING)
-    model, tokenizer, device = fixed.load_model()
-    if model is None:
-        raise SystemExit(f"the release could not load {args.model_dir} (see {log_dir})")
-    if args.dtype == "float32":  # exact for bf16/fp16 weights: the same numbers transformers 4.x loaded
-        model = fixed.model = model.to(torch.float32)
-        model.config.dtype = torch.float32
-    adaptive = LLMExp_DynamicBias(config)
-    adaptive.model, adaptive.tokenizer, adaptive.resolved_device, adaptive.use_vllm = model, tokenizer, device, False
-    adaptive.pre_cache_token_ids()
-    return fixed, adaptive
-
-
-def release_digests(code_dir: pathlib.Path) -> dict[str, str]:
-    return {name: hashlib.sha256((code_dir / "src" / name).read_bytes()).hexdigest() for name in RELEASE_FILES}
 
 
 def _read_out(path: pathlib.Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -294,12 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     off.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     off.add_argument("--dtype", choices=("float32", "auto"), default="float32")
     off.add_argument("--verbose", action="store_true", help="also show the release's INFO log on the console")
+    add_subcommand(sub)
     lz = C.subcommand(sub, "lazy", "lazy capcal against the whole reading on a real server")
     add_arguments(lz)
     args = ap.parse_args(argv)
     if args.what == "lazy":
         print(f"wrote {C.save('fidelity', lazy(args, C.stamp('fidelity', argv)), C.out_dir('fidelity', args))}")
         return 0
+    if args.what == "first-step":
+        return first_step(args, argv, OFFICIAL)
     if args.what == "official":
         args.model_dir = str(pathlib.Path(args.model_dir).expanduser().resolve())
         args.release_code, args.out = args.release_code.resolve(), pathlib.Path(args.out or OFFICIAL)
