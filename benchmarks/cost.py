@@ -58,8 +58,7 @@ def _chat(rr: CapCalReranker, messages: Any, max_tokens: int, slot: int | None =
     extra = {**({} if slot is None else {"id_slot": slot}), **({"ignore_eos": True} if ignore_eos else {})}
     started = time.perf_counter()
     answer = rr.client.chat.completions.create(model=rr.capabilities().model, temperature=0, max_tokens=max_tokens,
-                                               messages=[{"role": r, "content": c} for r, c in messages],
-                                               extra_body=extra)
+                                               messages=[{"role": r, "content": c} for r, c in messages], extra_body=extra)
     usage = answer.usage
     return time.perf_counter() - started, usage.prompt_tokens, usage.completion_tokens
 
@@ -76,9 +75,8 @@ def _salted(passages: list[str]) -> list[str]:
 
 
 class Meter:
-    """The prompt tokens a server computed (not taken from its cache): its own prefix-cache counters where it
-    exposes them (vLLM's ``/metrics``: queried minus hit tokens, which its answers' ``usage`` leaves out unless
-    the server was started with ``--enable-prompt-tokens-details``), else the answers' ``usage``."""
+    """The prompt tokens a server computed (not from its cache): vLLM's ``/metrics`` counters where it exposes them
+    (queried minus hit tokens; ``usage`` leaves them out without ``--enable-prompt-tokens-details``), else ``usage``."""
 
     def __init__(self, base_url: str, api_key: str | None) -> None:
         self.url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
@@ -96,13 +94,12 @@ class Meter:
         return (sum(map(float, queries)), sum(map(float, hits))) if queries else None
 
     def uncached(self, before: tuple[float, float] | None, prompt_tokens: int, cached_tokens: int) -> float:
-        if before is None:
-            return prompt_tokens - cached_tokens
-        time.sleep(1)  # the server counts a request's tokens as its engine step is logged, just after answering
-        after = self.read()
-        if after is None:
-            return prompt_tokens - cached_tokens
-        return (after[0] - before[0]) - (after[1] - before[1])
+        if before is not None:
+            time.sleep(1)  # the server counts a request's tokens as its engine step is logged, just after answering
+            after = self.read()
+            if after is not None:
+                return (after[0] - before[0]) - (after[1] - before[1])
+        return prompt_tokens - cached_tokens
 
 
 def _messages(template: Any, query: str, texts: list[str]) -> Any:
@@ -252,6 +249,9 @@ def notes(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
                        + ", ".join(f"{m} {statistics.median(r[m]['over_generating'] for r in group):.2f} "
                                    f"({max(r[m]['over_generating'] for r in group):.2f})" for m in names
                                    if m != "deciding") + ".")
+    if "vanilla" in names and "capcal" in names:
+        x = sorted(r["capcal"]["s"] / r["vanilla"]["s"] for r in rows)
+        out.append(f"capcal / vanilla per list: median {statistics.median(x):.2f} ({x[0]:.2f}-{x[-1]:.2f}).")
     same = []
     for m, other in [(x, f"{x}, {o}") for x in ("vanilla", "capcal") for o in ("trie", "every node", "lazy")]:
         if m in names and other in names:

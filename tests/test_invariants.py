@@ -25,6 +25,7 @@ from capcal_integrations import (
     InputError,
     ResponseError,
 )
+from capcal_integrations.reading.certified import ROUNDS
 from tests.fake_endpoint import clients, decode, make_handler, tokenize
 
 
@@ -224,7 +225,7 @@ def _completion_bodies(calls):
     return [json.loads(c.content) for c in calls if c.url.path == "/v1/completions"]
 
 
-def test_vllm_gets_token_id_prompt_lists_one_request_per_step_and_stream():
+def test_vllm_gets_token_id_prompt_lists_one_request_per_round_both_streams_in_it():
     calls = []
     rr = reranker(make_handler(calls=calls, vllm=True), top_logprobs=1, guard=None)
     caps = rr.capabilities()
@@ -232,9 +233,11 @@ def test_vllm_gets_token_id_prompt_lists_one_request_per_step_and_stream():
     calls.clear()
     ranking = rr.rerank("q", [f"p{i}" for i in range(12)])  # [10]..[12]: labels of 4 tokens
     bodies = _completion_bodies(calls)
-    # one prompt list per stream and round: one round a step read whole (the first and the last), up to three where a
-    # middle step asks the nodes that certify its choice (test_lazy_capcal.py)
-    assert 2 * len(ranking.steps) <= len(bodies) <= 2 * 3 * len(ranking.steps)
+    # one prompt list per round, both streams in it (vLLM schedules them into the same engine steps): one round a step
+    # read whole (the first and the last), up to ROUNDS where a middle step asks the nodes that certify its choice
+    assert len(ranking.steps) <= len(bodies) <= ROUNDS * len(ranking.steps)
+    first = bodies[0]["prompt"]  # the first step: every node of the real and the empty prompt, in one request
+    assert len(first) % 2 == 0 and first[0] != first[len(first) // 2]
     for body in bodies:
         assert all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in body["prompt"])
         assert body["return_tokens_as_token_ids"] and body["logprob_token_ids"]

@@ -1,7 +1,8 @@
 """What the prompt-list kinds (:mod:`.llamacpp`, :mod:`.vllm`, :mod:`.sglang`) share: every assistant prefix of one
-prompt as a list of prompts in **one** ``/v1/completions`` request, the prompt as the kind renders it and the
-prefix as the served model's token ids, pinned to a llama.cpp slot where the server has several (not when
-``state.routed``: a slot number means nothing across servers)."""
+prompt as a list of prompts in **one** ``/v1/completions`` request (every prompt's in one where the kind says
+``one_request``), the prompt as the kind renders it and the prefix as the served model's token ids, pinned to a
+llama.cpp slot where the server has several (not when ``state.routed``: a slot number means nothing across
+servers)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class PromptLists(Kind):
     """A kind that continues any prompt in prompt lists; subclasses render the prompts (:meth:`render`)."""
 
     prompt_lists: ClassVar[bool] = True
+    #: every rendered prompt's prompts of a round in one request (both streams of a calibrated step): the server
+    #: schedules them into the same engine steps (vLLM); not llama.cpp, whose slots hold one prompt each
+    one_request: ClassVar[bool] = False
 
     def render(self, state: EndpointState, caps: Capabilities, keys: Sequence[Key]) -> Flow[None]:
         """Each prompt as sent, into ``state.templates[key]``: a list of text and ids, or of ids."""
@@ -55,12 +59,16 @@ class PromptLists(Kind):
         groups: dict[Key, list[int]] = {}
         for i, key in enumerate(keyed):
             groups.setdefault(key, []).append(i)
+        # one request a rendered prompt (a llama.cpp slot holds one), or all in one where the server batches them
+        batches = [list(groups.items())] if self.one_request else [[item] for item in groups.items()]
         calls, pinned = [], []
-        for key, members in groups.items():
-            prompts = [[*templates[key], *(i for i, _ in queries[j].prefix)] for j in members]
+        for batch in batches:
+            members = [j for _, these in batch for j in these]
+            prompts = [[*templates[key], *(i for i, _ in queries[j].prefix)] for key, these in batch for j in these]
             body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0,
                     **self.body(caps, [t for j in members for t in queries[j].want])}
-            if caps.slots > 1 and not state.routed and (slot := state.slots.pin(key, caps.slots)) is not None:
+            if (len(batch) == 1 and caps.slots > 1 and not state.routed
+                    and (slot := state.slots.pin(batch[0][0], caps.slots)) is not None):
                 body[SLOT] = slot
                 pinned.append(slot)
             calls.append(Call("POST", COMPLETIONS, body))
@@ -70,7 +78,8 @@ class PromptLists(Kind):
         finally:
             state.slots.release(*pinned)
         choices: list[Any] = [None] * len(queries)
-        for members, answer in zip(groups.values(), answers):
+        for batch, answer in zip(batches, answers):
+            members = [j for _, these in batch for j in these]
             for i, choice in zip(members, choices_of(answer, len(members))):
                 choices[i] = choice
         return choices

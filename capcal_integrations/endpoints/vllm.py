@@ -87,6 +87,7 @@ class Vllm(PromptLists):
     transport: ClassVar[str] = "token-completions"
     server: ClassVar[str] = "vllm"
     costly_prompts: ClassVar[bool] = True  # whole cache blocks only: each prompt computes its prefix's last one again
+    one_request: ClassVar[bool] = True  # a round's real and empty prompts in the same engine steps
 
     def prepare(self, state: EndpointState, texts: Sequence[str] = ()) -> Flow[None]:
         yield from learn_controls(state)  # the texts' controls: learned from the rendered prompts
