@@ -18,7 +18,8 @@ constrained ``[i] > [j]`` decoding), ``fixed`` (``get_passage_logits_apply_bias_
 ``adaptive`` (``LLMExp_DynamicBias``'s, the entropy-based rate per step), on the packaged Qwen2.5-Coder-0.5B
 converted to Hugging Face weights (``--dtype float32``: what the release's ``from_pretrained`` did under
 transformers 4.x). Each query's first ``--depth`` candidates are shown as ``clean_passage(passage_text(doc),
-None)``, the exact strings this library puts in its prompts; the placeholder is the release's command-line default.
+None)`` (the ``release`` preset sends the passages as given: the two differ where a passage holds an identifier
+look-alike such as ``[1]``, in 4 passages of query 573724); the placeholder is the release's command-line default.
 It writes ``results/fidelity/records/official.json`` after every ranking (needs torch, transformers, numpy and
 PyYAML).
 
