@@ -139,8 +139,8 @@ def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     table = []
-    for alpha, n in dict.fromkeys((r["alpha"], r.get("rounds", 3)) for r in rows):
-        rs = [r for r in rows if r["alpha"] == alpha and r.get("rounds", 3) == n]
+    for alpha, n in dict.fromkeys((r["alpha"], r["rounds"]) for r in rows):
+        rs = [r for r in rows if r["alpha"] == alpha and r["rounds"] == n]
         nl, nw = (sum(r[k] for r in rs) / len(rs) for k in ("nodes_lazy", "nodes_whole"))
         table.append([alpha, n, len(rs), sum(r["identical"] for r in rs), ", ".join(
             f"{r['parted'][0]}: {r['parted'][1]:.3f}" for r in rs if r["parted"]) or "none",

@@ -60,15 +60,15 @@ class PromptLists(Kind):
         for i, key in enumerate(keyed):
             groups.setdefault(key, []).append(i)
         # one request a rendered prompt (a llama.cpp slot holds one), or all in one where the server batches them
-        batches = [list(groups.items())] if self.one_request else [[item] for item in groups.items()]
+        batches = [list(groups)] if self.one_request else [[key] for key in groups]
+        members = [[j for key in batch for j in groups[key]] for batch in batches]  # each request's queries, in order
         calls, pinned = [], []
-        for batch in batches:
-            members = [j for _, these in batch for j in these]
-            prompts = [[*templates[key], *(i for i, _ in queries[j].prefix)] for key, these in batch for j in these]
+        for batch, these in zip(batches, members):
+            prompts = [[*templates[keyed[j]], *(i for i, _ in queries[j].prefix)] for j in these]
             body = {"model": caps.model, "prompt": prompts, "max_tokens": 1, "logprobs": top, "temperature": 0,
-                    **self.body(caps, [t for j in members for t in queries[j].want])}
+                    **self.body(caps, [t for j in these for t in queries[j].want])}
             if (len(batch) == 1 and caps.slots > 1 and not state.routed
-                    and (slot := state.slots.pin(batch[0][0], caps.slots)) is not None):
+                    and (slot := state.slots.pin(batch[0], caps.slots)) is not None):
                 body[SLOT] = slot
                 pinned.append(slot)
             calls.append(Call("POST", COMPLETIONS, body))
@@ -78,9 +78,8 @@ class PromptLists(Kind):
         finally:
             state.slots.release(*pinned)
         choices: list[Any] = [None] * len(queries)
-        for batch, answer in zip(batches, answers):
-            members = [j for _, these in batch for j in these]
-            for i, choice in zip(members, choices_of(answer, len(members))):
+        for these, answer in zip(members, answers):
+            for i, choice in zip(these, choices_of(answer, len(these))):
                 choices[i] = choice
         return choices
 
