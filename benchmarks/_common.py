@@ -104,6 +104,14 @@ def load(command: str, folder: pathlib.Path | None = None) -> dict[str, Any]:
     return {"command": command, "question": QUESTIONS[command], "runs": []}
 
 
+def write_json(path: pathlib.Path, value: Any) -> None:
+    """``value`` as indented JSON at ``path`` (its folder made), replaced whole: a run cut short leaves the old file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def save(command: str, run: dict[str, Any], folder: pathlib.Path) -> pathlib.Path:
     """Add ``run`` (replacing the run of its name) to the command's .json and rewrite its .md; the .md's path."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,7 +121,7 @@ def save(command: str, run: dict[str, Any], folder: pathlib.Path) -> pathlib.Pat
         result["runs"][names.index(run["name"])] = run
     else:
         result["runs"].append(run)
-    (folder / f"{command}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    write_json(folder / f"{command}.json", result)
     md = folder / f"{command}.md"
     md.write_text(render(result))
     return md

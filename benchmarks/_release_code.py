@@ -165,7 +165,7 @@ def release_side(args: argparse.Namespace, qids: list[str], stamp: dict[str, str
             row[stream] = {"text_sha256": _sha(prompt + "[["), "tokens_sha256": _sha(ids + brackets),
                            "tokens": len(ids) + 2}
         meta["rows"].append(row)
-        _write(SIDES["release"], meta)
+        C.write_json(SIDES["release"], meta)
         print(f"{qid}: chosen {row['chosen'] + 1} in {row['seconds']} s", flush=True)
 
 
@@ -218,12 +218,7 @@ def library_side(args: argparse.Namespace, qids: list[str], stamp: dict[str, str
                                                                    "tokens": len(ids)}
             meta["rows"].append(row)
             print(f"{qid}: chosen {step.chosen + 1} in {row['seconds']} s", flush=True)
-    _write(SIDES["library"], meta)
-
-
-def _write(path: pathlib.Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    C.write_json(SIDES["library"], meta)
 
 
 def compare(rel: dict[str, Any], lib: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import tempfile
 import time
@@ -172,13 +171,6 @@ def _read_out(path: pathlib.Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
     return old["rows"]
 
 
-def _write_out(path: pathlib.Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**meta, "rows": rows}, indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def run_of(record: dict, name: str, stamp: dict) -> dict[str, Any]:
     rows, o = record["rows"], record["official"]
     summary = [[v, len(these), f"{sum(r['identical'] for r in these)} / {len(these)}",
@@ -241,7 +233,7 @@ def official(args: argparse.Namespace) -> None:
             rows.append({"qid": topic.qid, "variant": variant, "order": order, "docids": [docids[i] for i in order],
                          "seconds": round(time.perf_counter() - start, 2),
                          "permutation": sorted(order) == list(range(len(passages)))})
-            _write_out(args.out, meta, rows)
+            C.write_json(args.out, {**meta, "rows": rows})
             print(f"{topic.qid} {variant:<8} {rows[-1]['seconds']:7.1f} s  {order}", flush=True)
 
 
