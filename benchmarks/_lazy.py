@@ -6,6 +6,11 @@ asks answered from that record: a differing order would be the certificate's, no
 ranks the lazy reading once per bound on a step's rounds (:data:`~capcal_integrations.reading.certified.ROUNDS`
 by default) on the same record, so their nodes compare on the same answers.
 
+``--known`` ranks each list once more, each middle step first asking every node (from the record) and making the plan
+of :mod:`~capcal_integrations.reading.certified` with every value known (a read's value where the lazy plan takes its
+bound): the nodes a planner that knew the answers would ask after the branching nodes, against those the lazy
+reading asked at the same steps; what the certificate itself needs, whatever the plan.
+
 ``--testbed`` replays the testbed's scenarios instead (:mod:`capcal_integrations.testbed.lazy`; no server):
 ``--lists`` per scenario and strength, ``--window-lists`` 100-passage lists, and ``--raw-lists`` of the raw form
 (``normalise=False``) on the peaked prior, each bound of ``--rounds`` on the same lists.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import sys
 from typing import Any
@@ -32,6 +38,7 @@ def add_arguments(lz: argparse.ArgumentParser) -> None:
     lz.add_argument("--alphas", default="adaptive,1.0", help="strengths, comma-separated (default %(default)s)")
     lz.add_argument("--rounds", default=str(certified.ROUNDS),
                     help="bounds on a lazy step's rounds, comma-separated (default %(default)s: the library's)")
+    lz.add_argument("--known", action="store_true", help="also the nodes a plan knowing every value asks (middle steps)")
     lz.add_argument("--testbed", action="store_true", help="the testbed's scenarios instead of a server (no server)")
     lz.add_argument("--window-lists", type=int, default=10, help="--testbed: 100-passage lists per strength")
     lz.add_argument("--raw-lists", type=int, default=20, help="--testbed: lists of the raw form (peaked prior)")
@@ -47,6 +54,51 @@ def _nodes(sent: list) -> int:
 
     return sum(len(_prompt_list(json.loads(r.content)["prompt"])) if r.url.path.endswith("/v1/completions")
                else r.url.path.endswith("/chat/completions") for r in sent)
+
+
+@contextlib.contextmanager
+def _knowing(sent: list, log: list):
+    """Each lazy capcal step (``decoding.certified_labels``) first asks every node, then plans knowing the values
+    (:func:`~capcal_integrations.reading.certified._plan` with ``values``), then reads as the library does; ``log``
+    gets per step the nodes the known plan asks (branching nodes included) and those the library's reading asked."""
+    from capcal_integrations.endpoints import Query, next_token_logprobs
+    from capcal_integrations.ranking import decoding
+    from capcal_integrations.reading.labels import label_trie, largest_top, nodes_to_ask, score_labels
+
+    inner = decoding.certified_labels
+
+    def knowing(state, streams, prefix, labels, *, alpha, normalise_shares=True, top=20, shared=False, render="chat"):
+        children = label_trie(labels)
+        needed = nodes_to_ask(children, "joint", shared=shared)
+        first = [n for n in needed if len(children[n]) > 1 or all(x[:len(n)] == n for x in labels)]
+        queries = [Query(m, prefix + n, tuple(children[n]), render) for m in streams for n in needed]
+        found = yield from next_token_logprobs(state, queries, min(top, largest_top(state, top)))
+        truth = [dict(zip(needed, found[:len(needed)])), dict(zip(needed, found[len(needed):]))]
+        boxes, values, missing = [], [], []
+        for answers in truth:
+            branching = {n: answers[n] for n in first}
+            lost = [[x[:d] for d in range(len(x)) if x[:d] in needed and x[:d] not in branching] for x in labels]
+            bound = score_labels(labels, children, branching, "joint").logprobs
+            exact = score_labels(labels, children, answers, "joint").logprobs
+            shift = max(bound) if normalise_shares else 0.0
+            boxes.append(certified._box(bound, lost, normalise_shares))
+            values.append([min(math.exp(v - shift), hi) for v, (_, hi) in zip(exact, boxes[-1])])
+            missing.append(lost)
+        c = certified._best_at_bounds([[(v, v) for v in vs] for vs in values], alpha, normalise_shares)
+        plan = certified._plan(c, boxes, alpha, normalise_shares, values)
+        reads = (len(needed) * 2 - 2 * len(first) if plan is None else
+                 sum(len({n for t, i in plan if t == s for n in missing[s][i]}) for s in (0, 1)))
+        k = len(sent)
+        out = yield from inner(state, streams, prefix, labels, alpha=alpha, normalise_shares=normalise_shares, top=top,
+                               shared=shared, render=render)
+        log.append({"known": 2 * len(first) + reads, "lazy": _nodes(sent[k:]), "requests": len(sent) - k})
+        return out
+
+    decoding.certified_labels = knowing
+    try:
+        yield
+    finally:
+        decoding.certified_labels = inner
 
 
 @contextlib.contextmanager
@@ -136,6 +188,13 @@ def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
                            "not_in_record": replay.missed,
                            "parted": next(([i, max(w.scores) - w.scores[w.candidates.index(a.chosen)]] for i, (a, w) in
                                            enumerate(zip(lz.steps, wh.steps)) if a.chosen != w.chosen), None)}
+                    if args.known and n == bounds[-1]:  # the known plan's nodes at the same steps
+                        log: list = []
+                        with _rounds(n), _knowing(sent, log):
+                            known = one.rerank(b.query, passages)
+                        row.update(same_known=known.order == lz.order, middle_steps=len(log),
+                                   middle_known=sum(x["known"] for x in log), middle_lazy=sum(x["lazy"] for x in log),
+                                   middle_requests=sum(x["requests"] for x in log))
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     table = []
@@ -147,6 +206,13 @@ def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
             f"{sum(r['pruned'] for r in rs)} / {sum(r['steps'] - 2 for r in rs)}", f"{nl:.0f}",
             f"{statistics.median(r['nodes_lazy'] for r in rs):.0f}", f"{nw:.0f}", f"{nl / nw:.2f}",
             sum(r["not_in_record"] for r in rs)])
+    known = [f"Alpha {alpha}, {sum(r['middle_steps'] for r in rs)} middle steps (`--known`): the library's reading "
+             f"asked {sum(r['middle_lazy'] for r in rs) / sum(r['middle_steps'] for r in rs):.2f} nodes a step in "
+             f"{sum(r['middle_requests'] for r in rs) / sum(r['middle_steps'] for r in rs):.2f} requests; a plan knowing "
+             f"every value, {sum(r['middle_known'] for r in rs) / sum(r['middle_steps'] for r in rs):.2f} (the branching "
+             f"nodes of both streams included); same order with it on {sum(r['same_known'] for r in rs)} of {len(rs)} lists."
+             for alpha in dict.fromkeys(r["alpha"] for r in rows)
+             if (rs := [r for r in rows if r["alpha"] == alpha and "middle_known" in r])]
     server = caps.server or caps.kind.name
     return {"name": args.name or f"lazy-live-{server}" + ("-smoke" if args.smoke else ""), "stamp": stamp,
             "title": f"Lazy capcal against the whole reading, live on {server}",
@@ -155,7 +221,7 @@ def lazy(args: argparse.Namespace, stamp: dict) -> dict[str, Any]:
                       "record: a differing order would be the certificate's, not the server's drift. *rounds*: the "
                       "bound on a lazy step's rounds (the last reads every node left). *parted*: the step where the "
                       "choices first differ and how far the lazy choice's calibrated score is below the whole "
-                      "reading's best there. A cold list's cost in seconds is the cost command's."],
+                      "reading's best there. A cold list's cost in seconds is the cost command's.", *known],
             "tables": [{"columns": ["alpha", "rounds", "lists", "identical orders", "parted (step: gap)",
                                     "middle steps certified early", "nodes / list, lazy", "median", "nodes / list, whole",
                                     "lazy / whole", "lazy prompts not in the record"], "rows": table}],

@@ -53,6 +53,8 @@ PLACEHOLDER = "This is a placeholder passage for bias testing"  # the release's 
 MAX_DEPTH = 20  # the release scores the labels 1-20 only
 RECORDS = C.RESULTS / "fidelity" / "records"
 SIDES = {"release": RECORDS / "first-step-release.json", "library": RECORDS / "first-step-library.json"}
+#: the library's side served by vLLM (the release's Hugging Face weights, ``$CAPCAL_VLLM_DTYPE``: float32 as the release)
+VLLM_SIDE = RECORDS / "first-step-library-vllm.json"
 VECTORS = {"p": "real prompt, p", "q": "placeholder prompt, q", "scores": "calibrated, rate 1.0"}
 
 
@@ -170,14 +172,20 @@ def release_side(args: argparse.Namespace, qids: list[str], stamp: dict[str, str
 
 
 def _first_prompts(sent: list[Any]) -> list[list[Any]]:
-    """Each completions request's first prompt (its first node: the context and the prefix), in request order."""
+    """Each stream's first prompt (its first node: the context and the prefix): each completions request's first, in
+    request order; where one request holds both streams (vLLM: the same nodes of each, real first), its halves'."""
     bodies = [json.loads(r.content) for r in sent if r.url.path.endswith("/v1/completions")]
-    return [b["prompt"][0] for b in bodies if isinstance(b["prompt"], list) and isinstance(b["prompt"][0], list)]
+    lists = [b["prompt"] for b in bodies if isinstance(b["prompt"], list) and isinstance(b["prompt"][0], list)]
+    return [lists[0][0], lists[0][len(lists[0]) // 2]] if len(lists) == 1 else [p[0] for p in lists]
 
 
-def _served(http: Any, url: str, prompt: list[Any]) -> tuple[str, list[int]]:
+def _served(http: Any, url: str, prompt: list[Any], vllm_model: str | None = None) -> tuple[str, list[int]]:
     """A mixed prompt as the server reads it: its text pieces tokenized (special text parsed, a BOS only where the
-    model asks for one, on the first piece), and the whole detokenized."""
+    model asks for one, on the first piece), and the whole detokenized; on vLLM (``vllm_model``) token ids only,
+    detokenized by its ``/detokenize``."""
+    if vllm_model is not None:
+        ids = [int(i) for i in prompt]
+        return http.post(f"{url}/detokenize", json={"model": vllm_model, "tokens": ids}).raise_for_status().json()["prompt"], ids
     ids: list[int] = []
     for k, piece in enumerate(prompt):
         if isinstance(piece, str):
@@ -194,7 +202,7 @@ def library_side(args: argparse.Namespace, qids: list[str], stamp: dict[str, str
 
     topics = {t.qid: t for t in load_dataset(args.data).topics}
     sent: list[Any] = []
-    with C.server(args.url) as ep:
+    with C.server(args.url, engine=args.engine) as ep:
         key = {"Authorization": f"Bearer {ep.api_key}"} if ep.api_key else {}
         root = ep.base_url.rstrip("/").removesuffix("/v1")
         http = httpx.Client(event_hooks={"request": [sent.append]}, timeout=3600)
@@ -202,7 +210,10 @@ def library_side(args: argparse.Namespace, qids: list[str], stamp: dict[str, str
                                                  max_retries=0), model=ep.model, preset="release", timeout=900)
         rr = rr.with_options(method="capcal", alpha=1.0, depth=1)
         caps, out = rr.capabilities(), httpx.Client(headers=key, timeout=600)
-        meta: dict[str, Any] = {"stamp": stamp, "model": caps.model, "server": caps.server or caps.kind.name, "rows": []}
+        vllm = caps.server == "vllm"
+        meta: dict[str, Any] = {"stamp": stamp, "model": caps.model, "server": caps.server or caps.kind.name, "rows": [],
+                                "weights": f"the release's Hugging Face weights, served as {_vllm_dtype()}" if vllm
+                                else "Q4_K_M"}
         for qid in qids:
             topic, start = topics[qid], time.perf_counter()
             sent.clear()
@@ -213,12 +224,23 @@ def library_side(args: argparse.Namespace, qids: list[str], stamp: dict[str, str
                                    "seconds": round(time.perf_counter() - start, 1)}
             prompts = _first_prompts(sent)
             assert len(prompts) == 2, f"{len(prompts)} first-step requests, not one a stream"
-            for text, ids in (_served(out, root, p) for p in prompts):  # the empty stream's holds the placeholder
+            served = (_served(out, root, p, caps.model if vllm else None) for p in prompts)
+            for text, ids in served:  # the empty stream's holds the placeholder
                 row["empty" if PLACEHOLDER in text else "real"] = {"text_sha256": _sha(text), "tokens_sha256": _sha(ids),
                                                                    "tokens": len(ids)}
             meta["rows"].append(row)
             print(f"{qid}: chosen {step.chosen + 1} in {row['seconds']} s", flush=True)
-    C.write_json(SIDES["library"], meta)
+    C.write_json(_library_record(args), meta)
+
+
+def _library_record(args: argparse.Namespace) -> pathlib.Path:
+    return VLLM_SIDE if args.engine == "vllm" else SIDES["library"]
+
+
+def _vllm_dtype() -> str:
+    from capcal_integrations.server.vllm import default_dtype
+
+    return default_dtype()
 
 
 def compare(rel: dict[str, Any], lib: dict[str, Any]) -> dict[str, Any]:
@@ -257,8 +279,9 @@ def run_of(release: dict[str, Any], library: dict[str, Any], name: str, stamp: d
                       "same weights, rounded to bfloat16). Library: `CapCalReranker(preset=\"release\", "
                       "method=\"capcal\", alpha=1.0)`'s "
                       f"`steps[0]` (read whole) on the embedded {library['server']} server, `{library['model']}` "
-                      f"(Q4_K_M). The official run's {len(rows)} DL19 queries, the first 20 BM25 candidates as the preset "
-                      f"shows them, placeholder \"{release['placeholder']}\"; same passages on both sides: "
+                      f"({library.get('weights', 'Q4_K_M')}). The official run's {len(rows)} DL19 queries, the first 20 "
+                      f"BM25 candidates as the preset shows them, placeholder \"{release['placeholder']}\"; same "
+                      "passages on both sides: "
                       f"{sum(r['same_passages'] for r in rows)} of {len(rows)}.",
                       "Per label 1-20: p, the joint probability of the label on the real prompt; q, on the placeholder "
                       "prompt; the calibrated score p - 1.0 (q - 1/20) (the raw form, not renormalised). r: Pearson "
@@ -287,7 +310,10 @@ def add_subcommand(sub: Any) -> None:
     fs.add_argument("--dtype", choices=("float32", "auto"), default="float32")
     fs.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     fs.add_argument("--data", type=pathlib.Path, help="a dataset folder (default ../shared/data/trec-dl19-passage)")
-    fs.add_argument("--url", help="a running llama.cpp server with the 0.5B model (default: start one)")
+    fs.add_argument("--url", help="a running server with the 0.5B model (default: start one)")
+    fs.add_argument("--engine", default="llamacpp", choices=("llamacpp", "vllm"),
+                    help="the library's server: llama.cpp (Q4_K_M) or vLLM with the release's Hugging Face weights "
+                         "(set CAPCAL_VLLM_DTYPE=float32 for the release's arithmetic); its own record")
     fs.add_argument("--compare", action="store_true", help="only compare the two records again (no server, no torch)")
 
 
@@ -302,12 +328,13 @@ def first_step(args: argparse.Namespace, argv: list[str] | None, official: pathl
         return 0
     if not (args.smoke or args.compare):
         library_side(args, qids, C.stamp("fidelity", argv))
-    if not all(p.is_file() for p in SIDES.values()):
-        print(f"skipped: no {' or '.join(str(p) for p in SIDES.values() if not p.is_file())}", file=sys.stderr)
+    sides = (SIDES["release"], _library_record(args))
+    if not all(p.is_file() for p in sides):
+        print(f"skipped: no {' or '.join(str(p) for p in sides if not p.is_file())}", file=sys.stderr)
         return 0
     first = {r["qid"]: r["order"][0] + 1 for r in rows if r["variant"] == "fixed"}
-    release, library = (json.loads(p.read_text()) for p in SIDES.values())
-    run = run_of(release, library, args.name or "first-step" + ("-smoke" if args.smoke else ""),
-                 C.stamp("fidelity", argv), first)
+    release, library = (json.loads(p.read_text()) for p in sides)
+    name = "first-step" + ("-vllm" if args.engine == "vllm" else "") + ("-smoke" if args.smoke else "")
+    run = run_of(release, library, args.name or name, C.stamp("fidelity", argv), first)
     print(f"wrote {C.save('fidelity', run, C.out_dir('fidelity', args))}")
     return 0

@@ -4,6 +4,7 @@
     python -m benchmarks.cost --lists 10 --deciding-lists 4 --concurrency 8 --methods 'vanilla;capcal;capcal, async'
     CAPCAL_VLLM_PYTHON=.venv-vllm/bin/python python -m benchmarks.cost --engine vllm --lists 10 --concurrency 8
     python -m benchmarks.cost --slots                                   # one trie node's cost, pinned or spread
+    CAPCAL_VLLM_PYTHON=.venv-vllm/bin/python python -m benchmarks.cost --engine vllm --prompts  # a prompt's own cost
 
 For each DL19 BM25 list (cold: a fresh salt in every passage), on one server in one run, interleaved: **one
 generating request** of RankGPT's prompt (at most 100 tokens: what RankGPTRerank and LLMListwiseRerank send); the
@@ -15,7 +16,8 @@ prefill(real) + tokens x t; capcal: prefill(real) + prefill(empty) + 2 x tokens 
 streams, each once, plus their other trie nodes at t). Medians per method: time / floor, time / generating,
 requests, uncached prompt tokens / the distinct streams' tokens (vLLM's prefix-cache counters where it has them).
 ``--concurrency N`` ranks the lists again N at once beside N generating requests; ``--chat`` reads through chat
-prefill; ``--slots`` times one trie node pinned to the slot holding the prompt or spread over slots. Without
+prefill; ``--slots`` times one trie node pinned to the slot holding the prompt or spread over slots, ``--prompts``
+a vLLM request against the prompts it holds (:mod:`benchmarks._requests`). Without
 ``--base-url`` the embedded server (``--model``, ``--engine``) is started for the run.
 """
 
@@ -27,9 +29,7 @@ import contextlib
 import dataclasses
 import json
 import pathlib
-import random
 import re
-import socket
 import statistics
 import sys
 import time
@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from benchmarks import _common as C
+from benchmarks._requests import prompts, salted, slots
 from capcal_integrations import DEFAULT_PLACEHOLDER, RANK_GPT, CapCalReranker
 from capcal_integrations.content_check.rules import RULES
 from capcal_integrations.endpoints import CHAT_PREFILL, kind_of, tokenize
@@ -66,12 +67,6 @@ def _chat(rr: CapCalReranker, messages: Any, max_tokens: int, slot: int | None =
 def _slot(rr: CapCalReranker) -> int | None:
     """The llama.cpp slot the timing requests go to (one slot, so that each finds its own prefix), or None."""
     return 0 if rr.capabilities().slots > 1 else None
-
-
-def _salted(passages: list[str]) -> list[str]:
-    """The passages with one fresh salt: no prompt of them is cached from anything before."""
-    salt = f" ({random.randrange(10 ** 12)})"
-    return [p + salt for p in passages]
 
 
 class Meter:
@@ -132,13 +127,13 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
     # the generating peer; then the server's time per generated token, on its prompt now cached (33 tokens, the end
     # of text ignored, against 1: the model may stop after a few tokens, too few to time one)
     slot = _slot(rr)
-    gen = _messages(RANK_GPT, query, _salted(passages))
+    gen = _messages(RANK_GPT, query, salted(passages))
     gen_s, gen_prompt, gen_tokens = _chat(rr, gen, 100, slot)
     per_token = max(0.0, (_chat(rr, gen, 33, slot, True)[0] - _chat(rr, gen, 1, slot)[0]) / 32)
     row.update(generating_s=round(gen_s, 2), generating_tokens=gen_tokens, per_token_s=round(per_token, 4),
                per_token_timed=True)
     # the floor's prefills: the library's real stream and its empty stream, each cold
-    real_s, real_tokens, _ = _chat(rr, _messages(opts.template, query, _salted(passages)), 1)
+    real_s, real_tokens, _ = _chat(rr, _messages(opts.template, query, salted(passages)), 1)
     empty_s, empty_tokens, _ = _chat(rr, _messages(opts.template, query, [DEFAULT_PLACEHOLDER] * len(passages)), 1)
     row.update(prefill_real_s=round(real_s, 2), real_tokens=real_tokens, prefill_empty_s=round(empty_s, 2),
                empty_tokens=empty_tokens)
@@ -148,8 +143,8 @@ def one_list(rr: CapCalReranker, meter: Meter, query: str, passages: list[str], 
         ranked = rr.with_options(method=method, **extra)
         with _costly(rr, COSTLY.get(name)):
             # arerank sends a step's real and empty streams together (two slots, one batch); rerank one after another
-            ranking = (asyncio.run(ranked.arerank(query, _salted(passages))) if name.endswith("async")
-                       else ranked.rerank(query, _salted(passages)))
+            ranking = (asyncio.run(ranked.arerank(query, salted(passages))) if name.endswith("async")
+                       else ranked.rerank(query, salted(passages)))
         took = time.perf_counter() - started
         u = ranking.usage
         uncached = meter.uncached(before, u.prompt_tokens, u.cached_tokens)
@@ -190,10 +185,10 @@ def one_deciding(rr: CapCalReranker, meter: Meter, query: str, passages: list[st
     state = rr._state.for_ranking()
     before = meter.read()
     started = time.perf_counter()
-    _, u = run_sync(check_readings(state, opts, query, _salted(passages), rule), rr.client)
+    _, u = run_sync(check_readings(state, opts, query, salted(passages), rule), rr.client)
     took = time.perf_counter() - started
     uncached = meter.uncached(before, u.prompt_tokens, u.cached_tokens)
-    texts = _salted(passages)
+    texts = salted(passages)
     streams = [_messages(opts.template, q, [texts[i] for i in order]) for q in (query, QUERY_PLACEHOLDER)
                for order in rule.orders(n)]
     streams.append(_messages(opts.template, query, [opts.placeholder] * n))
@@ -213,7 +208,7 @@ def at_once(rr: CapCalReranker, meter: Meter, lists: list[Any], rows: list[dict[
     """The lists ranked ``concurrency`` at once (``rerank_many``), beside as many generating requests at once:
     wall time, and uncached prompt tokens over the streams' tokens (each list's, from its row)."""
     def pairs() -> list[tuple[str, list[str]]]:
-        return [(b.query, _salted(list(b.passages)[:passages])) for b in lists]
+        return [(b.query, salted(list(b.passages)[:passages])) for b in lists]
 
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -287,62 +282,6 @@ def run_of(args: argparse.Namespace, rows: list[dict[str, Any]], info: dict[str,
             "notes": notes(rows, names), "tables": tables, "data": {**info, "rows": rows}}
 
 
-def one_server(unified: bool, query: str, passages: list[str], model: str) -> dict[str, Any]:
-    """``--slots``: one step's 14 node prompts on a llama.cpp server of its own (8 slots, 2 threads, ``kv_unified`` as
-    given), pinned to the slot that holds the prompt (what the library sends) and spread over idle slots (one batch)."""
-    import xllamacpp as xlc
-
-    from capcal_integrations.server.models import model_path
-
-    def post(path: str, body: dict) -> Any:
-        with urllib.request.urlopen(urllib.request.Request(url + path, json.dumps(body).encode(),
-                                                           {"Content-Type": "application/json"}), timeout=3600) as a:
-            return json.load(a)
-
-    def timed(prompts: list[list[int]], **extra: Any) -> float:
-        started = time.perf_counter()
-        post("/v1/completions", {"prompt": prompts, "max_tokens": 1, "logprobs": 20, "temperature": 0, **extra})
-        return round(time.perf_counter() - started, 3)
-
-    p = xlc.CommonParams()
-    p.model.path = str(model_path(model))
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        p.hostnames, p.port = ["127.0.0.1"], free.getsockname()[1]
-    p.n_parallel, p.n_ctx, p.n_batch, p.kv_unified = 8, 4096 * 8, 512, unified
-    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = 2
-    server, url = xlc.Server(p), f"http://127.0.0.1:{p.port}"  # noqa: F841 - alive while the process is
-    text = (f"Rank these passages for the query: {query}\n" + "\n".join(
-        f"[{i + 1}] {x}" for i, x in enumerate(_salted(passages))) + "\nRanking: [")
-    ids = post("/tokenize", {"content": text})["tokens"]
-    digit = [post("/tokenize", {"content": str(d)})["tokens"][0] for d in range(10)]
-    nodes = [[], [digit[1]], [digit[2]], *([digit[1], digit[d]] for d in range(10)), [digit[2], digit[0]]]
-    return {"kv_unified": unified, "prompt_tokens": len(ids), "nodes": len(nodes),
-            "cold_prefill_s": timed([ids], id_slot=0), "pinned_s": timed([ids + n for n in nodes], id_slot=0),
-            "pinned_again_s": timed([ids + n for n in nodes], id_slot=0),
-            "spread_8_cold_s": timed([ids + n for n in nodes[:8]]), "spread_8_warm_s": timed([ids + n for n in nodes[:8]]),
-            "pinned_8_s": timed([ids + n for n in nodes[:8]], id_slot=0)}
-
-
-def slots(args: argparse.Namespace, lists: list[Any], stamp: dict) -> dict:
-    import multiprocessing
-
-    rows = []
-    for unified in (False, True):  # a process each: xllamacpp's server lives until its process ends
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            rows.append(pool.apply(one_server, (unified, lists[0].query, list(lists[0].passages)[:args.passages],
-                                                args.model)))
-    return {"name": args.name or "slots", "stamp": stamp, "title": "One trie node's cost on llama.cpp, pinned or spread",
-            "notes": ["Seconds; one DL19 list, a fresh salt (cold); the packaged model on llama.cpp, 8 slots, 2 threads."],
-            "tables": [{"columns": ["kv_unified", "prompt tokens", "cold prefill", "nodes pinned", "again",
-                                    "per node pinned", "8 nodes spread, cold", "8 spread, warm", "per node spread",
-                                    "8 nodes pinned"],
-                        "rows": [["on" if r["kv_unified"] else "off", r["prompt_tokens"], r["cold_prefill_s"],
-                                  r["pinned_s"], r["pinned_again_s"], round(r["pinned_again_s"] / r["nodes"], 3),
-                                  r["spread_8_cold_s"], r["spread_8_warm_s"], round(r["spread_8_warm_s"] / 8, 3),
-                                  r["pinned_8_s"]] for r in rows]}], "data": {"rows": rows}}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser("cost", __doc__)
     ap.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
@@ -360,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                     "requests at once (default: not)")
     ap.add_argument("--chat", action="store_true", help="read through chat prefill (one chat request per prompt)")
     ap.add_argument("--slots", action="store_true", help="instead: one trie node's cost, pinned or spread over slots")
+    ap.add_argument("--prompts", action="store_true", help="instead: a request's time against the prompts it holds "
+                    "and the tokens each computes again (vLLM)")
     args = ap.parse_args(argv)
     stamp = C.stamp("cost", argv)
     if args.smoke:
@@ -370,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     out = C.out_dir("cost", args)
     if args.slots:
         print(f"wrote {C.save('cost', slots(args, lists, stamp), out)}")
+        return 0
+    if args.prompts:
+        print(f"wrote {C.save('cost', prompts(args, lists, stamp), out)}")
         return 0
     with C.server(args.base_url, args.model, args.engine) as ep:
         key = ep.api_key or args.api_key

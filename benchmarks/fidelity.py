@@ -24,11 +24,12 @@ It writes ``results/fidelity/records/official.json`` after every ranking (needs 
 PyYAML).
 
 ``crosscheck`` ranks the same candidates with ``CapCalReranker(preset="release")`` on the embedded llama.cpp server
-(the same model, Q4_K_M weights), or takes the library's rankings from the quality command's records
-(``--records``, the ``dl19-release`` phase; they keep only the first step's scores, so the margin is shown where the
-two orders part at rank 1), and reports per query and variant both orders, Kendall tau, whether they are identical
-and, where they are not, the library's margin at the first step where they part (a small margin is a near-tie that
-the weights' quantisation can flip).
+(the same model, Q4_K_M weights; ``--engine vllm``: on vLLM, with the official run's own Hugging Face weights,
+``CAPCAL_VLLM_DTYPE=float32`` for its arithmetic; ``first-step`` takes the same option), or takes the library's
+rankings from the quality command's records (``--records``, the ``dl19-release`` phase; they keep only the first
+step's scores, so the margin is shown where the two orders part at rank 1), and reports per query and variant both
+orders, Kendall tau, whether they are identical and, where they are not, the library's margin at the first step
+where they part (a small margin is a near-tie that the weights' quantisation can flip).
 
 ``first-step`` compares the first decoding step label by label (p, q and the calibrated scores at rate 1.0, the
 prompts' bytes and token ids), the release's (``--release-code``, torch) against the preset's: :mod:`._release_code`.
@@ -94,21 +95,15 @@ def compare(official: list[int], ours: list[int], steps: list[Step]) -> dict[str
 
 
 def rank_all(official: dict, data: pathlib.Path, url: str | None, done: list[dict[str, Any]],
-             save: Any) -> list[dict[str, Any]]:
+             save: Any, engine: str = "llamacpp") -> list[dict[str, Any]]:
     """Rank what ``done`` lacks, calling ``save(rows)`` after each ranking (a stopped run resumes)."""
     topics = {t.qid: t for t in load_dataset(data).topics}
     finished = {(r["qid"], r["variant"]) for r in done}
     todo = [row for row in official["rows"] if (row["qid"], row["variant"]) not in finished]
     if not todo:
         return done
-    server = None
-    if url is None:
-        from capcal_integrations.server import EmbeddedServer
-
-        server = EmbeddedServer(model="0.5b", threads=2).start()
-        url = server.base_url
-    try:
-        rr = CapCalReranker(base_url=url, timeout=900, preset="release")
+    with C.server(url, "0.5b", engine) as ep:
+        rr = CapCalReranker(base_url=ep.base_url, api_key=ep.api_key, model=ep.model, timeout=900, preset="release")
         rows = list(done)
         for row in todo:
             topic = topics[row["qid"]]
@@ -123,9 +118,6 @@ def rank_all(official: dict, data: pathlib.Path, url: str | None, done: list[dic
                   flush=True)
             save(rows)
         return rows
-    finally:
-        if server is not None:
-            server.stop()
 
 
 def _gap(scores: tuple[float, ...]) -> float:
@@ -190,8 +182,9 @@ def run_of(record: dict, name: str, stamp: dict) -> dict[str, Any]:
     return {"name": name, "stamp": stamp, "title": "The `release` preset against the CapCal authors' code",
             "notes": [f"Official: `{o['release_repo']}` at `{o['release_commit']}` on CPU (torch {o['torch']}, "
                       f"transformers {o['transformers']}), the packaged Qwen2.5-Coder-0.5B-Instruct as {o['model_dtype']} "
-                      "Hugging Face weights. Library: `CapCalReranker(preset=\"release\")` on the embedded llama.cpp "
-                      f"server, the same model as Q4_K_M weights, rankings {record['library_rankings']}. Data: "
+                      "Hugging Face weights. Library: `CapCalReranker(preset=\"release\")` on the embedded "
+                      f"{record.get('library_server', 'llama.cpp server, the same model as Q4_K_M weights')}, rankings "
+                      f"{record['library_rankings']}. Data: "
                       f"{o['data']}, the first {o['depth']} BM25 candidates, placeholder \"{o['placeholder']}\".",
                       "The margin: the library's release score of its own pick minus that of the official pick, at the "
                       "first rank where the two differ, against the gaps between the best and second-best score at each "
@@ -248,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     cc = C.subcommand(sub, "crosscheck", "the library against the official rankings (the default)")
     cc.add_argument("--official", default=str(OFFICIAL))
     cc.add_argument("--data", help="a dataset folder (default ../shared/data/trec-dl19-passage)")
-    cc.add_argument("--url", help="a running llama.cpp server with the 0.5B model (default: start one)")
+    cc.add_argument("--url", help="a running server with the 0.5B model (default: start one)")
+    cc.add_argument("--engine", default="llamacpp", choices=("llamacpp", "vllm"),
+                    help="the embedded server: llama.cpp (Q4_K_M) or vLLM with the official run's Hugging Face weights "
+                         "(CAPCAL_VLLM_DTYPE=float32 for its arithmetic)")
     cc.add_argument("--records", help="take the library's rankings from this records file")
     cc.add_argument("--queries", type=int, help="the official run's first N queries only")
     off = C.subcommand(sub, "official", "run the authors' release code (in a venv with torch and transformers)")
@@ -286,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     given["rows"] = [r for r in given["rows"] if r["qid"] in qids]
     record = {"library_rankings": f"from `{_shown(args.records)}`" if args.records else "ranked by this command",
               "official": {k: v for k, v in given.items() if k != "rows"}, "rows": []}
-    name = args.name or ("crosscheck-records" if args.records else "crosscheck")
+    name = args.name or ("crosscheck-records" if args.records else "crosscheck" + ("-vllm" if args.engine == "vllm" else ""))
+    if args.engine == "vllm" and not args.records:
+        from capcal_integrations.server.vllm import default_dtype
+
+        record["library_server"] = f"vLLM server, the official run's Hugging Face weights served as {default_dtype()}"
     if args.records:
         record["rows"] = from_records(given, pathlib.Path(args.records))
     else:
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
         before = next((r["data"]["rows"] for r in C.load("fidelity", out)["runs"] if r["name"] == name), [])
         data = pathlib.Path(args.data) if args.data else C.need_data("trec-dl19-passage")
-        record["rows"] = rank_all(given, data, args.url, before, save)
+        record["rows"] = rank_all(given, data, args.url, before, save, args.engine)
     print(f"wrote {C.save('fidelity', run_of(record, name, stamp), out)}")
     return 0
 

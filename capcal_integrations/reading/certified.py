@@ -120,9 +120,11 @@ def _best_at_bounds(boxes: Sequence[Box], alpha: float | None, normalise_shares:
     return order_of_scores(_scores_at_bounds(boxes, alpha, normalise_shares))[0]
 
 
-def _plan(c: int, boxes: Sequence[Box], alpha: float | None, normalise_shares: bool) -> list[tuple[int, int]] | None:
+def _plan(c: int, boxes: Sequence[Box], alpha: float | None, normalise_shares: bool,
+          values: Sequence[Sequence[float]] | None = None) -> list[tuple[int, int]] | None:
     """The reads ``(stream, label)`` predicted to certify ``c``, each read's bound taken as its value (module
-    docstring); ``None`` where no reads would (a near-tie: read everything)."""
+    docstring), or its value in ``values`` where known (``benchmarks.fidelity lazy --known``: the reads a plan that
+    knew every value would make); ``None`` where no reads would (a near-tie: read everything)."""
     state = [list(box) for box in boxes]
     n = len(state[0])
 
@@ -138,7 +140,8 @@ def _plan(c: int, boxes: Sequence[Box], alpha: float | None, normalise_shares: b
 
     def read(trial: list[list[tuple[float, float]]], s: int, i: int) -> list[list[tuple[float, float]]]:
         out = [list(x) for x in trial]
-        out[s][i] = (trial[s][i][1], trial[s][i][1])
+        v = trial[s][i][1] if values is None else values[s][i]
+        out[s][i] = (v, v)
         return out
 
     plan = []
