@@ -189,7 +189,8 @@ def run_of(record: dict, name: str, stamp: dict) -> dict[str, Any]:
                       "The margin: the library's release score of its own pick minus that of the official pick, at the "
                       "first rank where the two differ, against the gaps between the best and second-best score at each "
                       "of its steps: a margin smaller than most is a near-tie, which the weights (fp32 against Q4_K_M) "
-                      "can flip."],
+                      "can flip." if "library_server" not in record else "of its steps (here both sides read the same "
+                      "weights in float32: a difference is the inputs', or the arithmetic's on a near-tie)."],
             "tables": [{"columns": ["variant", "queries", "identical rankings", "mean Kendall tau"], "rows": summary},
                        {"columns": ["query", "variant", "identical", "Kendall tau", "first difference (rank)",
                                     "library's margin there", "official (1-based)", "library (1-based)",
