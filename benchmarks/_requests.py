@@ -92,6 +92,9 @@ def prompts(args: argparse.Namespace, lists: list[Any], stamp: dict) -> dict:
 
     from capcal_integrations.server.vllm import CPU_BLOCK_SIZE
 
+    if args.engine != "vllm":
+        raise SystemExit("--prompts measures vLLM's prefix cache (whole blocks only): add --engine vllm "
+                         "(with --base-url, a vLLM server on a CPU)")
     block, b = CPU_BLOCK_SIZE, lists[0]
     with C.server(args.base_url, args.model, args.engine) as ep:
         http = httpx.Client(base_url=ep.base_url.rstrip("/").removesuffix("/v1"), timeout=3600,
