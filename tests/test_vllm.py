@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 
+import httpx
 import httpx2
 import openai
 import pytest
@@ -86,27 +87,38 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr,
         assert b.p[b.candidates.index(a.chosen)] >= max(b.p) - VLLM_DRIFT, (a.chosen, b.chosen, b.p)
 
 
-def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(rr, sent):
+def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(vllm_url):
     # capcal's middle steps ask only the nodes that certify their choice (reading.certified), on vLLM's token-id prompt
     # lists as on llama.cpp's; the whole reading is the same reranker with every node asked. A fixed and the adaptive
-    # strength, each on a list of the tiny DL19 fixture: the same orders, up to vLLM's drift on a near-tie
-    rr.capabilities()  # the probe's own prompts are not the lazy reading's (this test may run first)
+    # strength, on a list of the tiny DL19 fixture each and on 12 passages. The whole reading's answers are recorded
+    # and the lazy reading is answered from them (benchmarks.fidelity lazy's Replay): vLLM's drift between two batches
+    # of the same prompts (bf16 on this CPU: the empty stream's shares moved .027 at a three-candidate step, alpha 2,
+    # and a live comparison failed in CI) cannot part them, so every step must choose alike. Certifying every step
+    # after its first round (a broken certificate) fails here
+    from benchmarks._common import Replay
+
+    replay, sent = Replay(), []
+    http = httpx.Client(transport=replay, event_hooks={"request": [sent.append]}, timeout=600)
+    rr = CapCalReranker(client=openai.OpenAI(base_url=vllm_url, api_key="x", http_client=http, max_retries=0), guard=None)
+    rr.capabilities()
     pruned = 0
-    for alpha, (query, passages) in zip((1.0, "adaptive"), dl19_lists()):
+    twelve = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
+    for alpha, (query, passages) in [*zip((1.0, "adaptive"), dl19_lists()), (1.0, (QUERY, twelve)),
+                                     ("adaptive", (QUERY, twelve))]:
         lazy_rr = rr.with_options(method="capcal", alpha=alpha)
         sent.clear()
-        lazy = lazy_rr.rerank(query, passages)
-        lazy_prompts = _prompts(sent)
-        sent.clear()
+        replay.recording = True
         with every_node(lazy_rr) as whole_rr:
             whole = whole_rr.rerank(query, passages)
+        whole_prompts = _prompts(sent)
+        sent.clear()
+        replay.recording, replay.missed = False, 0
+        lazy = lazy_rr.rerank(query, passages)
+        assert [s.chosen for s in lazy.steps] == [s.chosen for s in whole.steps] and lazy.order == whole.order
+        assert replay.missed == 0  # every prompt the lazy reading asked, the whole reading asked
         assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0
-        assert lazy_prompts <= _prompts(sent)
+        assert _prompts(sent) < whole_prompts
         pruned += sum(s.pruned for s in lazy.steps)
-        for a, b in zip(lazy.steps, whole.steps):
-            if a.chosen != b.chosen:  # a near-tie went the other way
-                assert b.scores[b.candidates.index(a.chosen)] >= max(b.scores) - VLLM_DRIFT, (query, a, b)
-                break
     assert pruned > 0
 
 
