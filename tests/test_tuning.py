@@ -95,7 +95,11 @@ def test_choose_alpha_on_the_real_server(server_url):
     assert isinstance(choice, AlphaChoice)
     assert list(choice.curve) == list(DEFAULT_ALPHAS)
     assert all(-1.0 <= t <= 1.0 for t in choice.curve.values())
-    assert choice.curve[choice.alpha] == max(choice.curve.values())
+    # the highest agreement; equal agreements (within rounding: 17/45 came out one ulp apart in CI) go to the
+    # strength nearest 1, as calibration.strength.pick documents
+    best = max(choice.curve.values())
+    tied = [a for a, t in choice.curve.items() if t >= best - 1e-12]
+    assert choice.alpha == min(tied, key=lambda a: (abs(a - 1.0), a))
     assert (choice.queries, choice.shuffles, choice.form) == (2, 3, "additive")
     assert choice.usage.requests >= 2 * 6  # both streams, six shuffled lists
     again = asyncio.run(achoose_alpha(rr, items, shuffles=3, alphas=(0.0, 1.0), form="log"))
