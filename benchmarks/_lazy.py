@@ -63,21 +63,28 @@ def _knowing(sent: list, log: list):
     gets per step the nodes the known plan asks (branching nodes included) and those the library's reading asked."""
     from capcal_integrations.endpoints import Query, next_token_logprobs
     from capcal_integrations.ranking import decoding
-    from capcal_integrations.reading.labels import label_trie, largest_top, nodes_to_ask, score_labels
+    from capcal_integrations.reading.labels import (
+        branching_nodes,
+        label_trie,
+        largest_top,
+        nodes_to_ask,
+        score_labels,
+        unread_nodes,
+    )
 
     inner = decoding.certified_labels
 
     def knowing(state, streams, prefix, labels, *, alpha, normalise_shares=True, top=20, shared=False, render="chat"):
         children = label_trie(labels)
         needed = nodes_to_ask(children, "joint", shared=shared)
-        first = [n for n in needed if len(children[n]) > 1 or all(x[:len(n)] == n for x in labels)]
+        first = branching_nodes(children, needed, labels)
         queries = [Query(m, prefix + n, tuple(children[n]), render) for m in streams for n in needed]
         found = yield from next_token_logprobs(state, queries, min(top, largest_top(state, top)))
         truth = [dict(zip(needed, found[:len(needed)])), dict(zip(needed, found[len(needed):]))]
         boxes, values, missing = [], [], []
         for answers in truth:
             branching = {n: answers[n] for n in first}
-            lost = [[x[:d] for d in range(len(x)) if x[:d] in needed and x[:d] not in branching] for x in labels]
+            lost = unread_nodes(labels, needed, branching)
             bound = score_labels(labels, children, branching, "joint").logprobs
             exact = score_labels(labels, children, answers, "joint").logprobs
             shift = max(bound) if normalise_shares else 0.0

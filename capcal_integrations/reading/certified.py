@@ -35,7 +35,17 @@ from ..calibration.formulas import adaptive_alpha, calibrate, normalise, order_o
 from ..endpoints import Query, next_token_logprobs
 from ..endpoints.calls import EndpointState, Flow
 from ..prompts.render import Messages
-from .labels import LabelScores, Path, label_trie, largest_top, nodes_to_ask, score_labels, to_ask_again
+from .labels import (
+    LabelScores,
+    Path,
+    branching_nodes,
+    label_trie,
+    largest_top,
+    nodes_to_ask,
+    score_labels,
+    to_ask_again,
+    unread_nodes,
+)
 
 __all__ = ["ROUNDS", "CertifiedScores", "certified_labels"]
 
@@ -62,7 +72,7 @@ def certified_labels(state: EndpointState, streams: tuple[Messages, Messages], p
     adaptive rule; ``normalise_shares=False``: the raw form (``shared`` then asks the prefix every label shares)."""
     children = label_trie(labels)
     needed = nodes_to_ask(children, "joint", shared=shared)
-    first = [node for node in needed if len(children[node]) > 1 or all(x[:len(node)] == node for x in labels)]
+    first = branching_nodes(children, needed, labels)
     needed_set = set(needed)
     known: tuple[dict, dict] = ({}, {})
     ask = (first, first)
@@ -79,8 +89,7 @@ def certified_labels(state: EndpointState, streams: tuple[Messages, Messages], p
         known[0].update(zip(ask[0], found[:k]))
         known[1].update(zip(ask[1], found[k:]))
         scored = [score_labels(labels, children, answers, "joint") for answers in known]
-        missing = [[[x[:d] for d in range(len(x)) if x[:d] in needed_set and x[:d] not in answers] for x in labels]
-                   for answers in known]
+        missing = [unread_nodes(labels, needed_set, answers) for answers in known]
         pruned = sum(bool(r or e) for r, e in zip(*missing))
         if not pruned:
             return CertifiedScores(scored[0], scored[1], None)

@@ -27,7 +27,7 @@ about 3-5 nodes a step instead of 21 (a 20-passage list's first step).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..endpoints import Query, TokenLogprobs, next_token_logprobs
@@ -41,7 +41,8 @@ Path = tuple[Token, ...]
 BAND = 0.5
 Answer = tuple[TokenLogprobs, float]  # the wanted tokens found, and the floor (an upper bound for the rest)
 
-__all__ = ["label_trie", "nodes_to_ask", "score_labels", "label_logprobs", "largest_top", "to_ask_again", "LabelScores"]
+__all__ = ["label_trie", "nodes_to_ask", "branching_nodes", "unread_nodes", "score_labels", "label_logprobs",
+           "largest_top", "to_ask_again", "LabelScores"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,18 @@ def nodes_to_ask(children: Mapping[Path, Sequence[Token]], form: str, *, shared:
             and (form == "joint" or len(children[node]) > 1)]
 
 
+def branching_nodes(children: Mapping[Path, Sequence[Token]], needed: Sequence[Path], labels: Sequence[Path]
+                    ) -> list[Path]:
+    """The nodes a lazy reading asks first: those of ``needed`` where the trie branches, and a prefix every label
+    shares (asked only where ``needed`` holds it, ``shared``)."""
+    return [node for node in needed if len(children[node]) > 1 or all(x[:len(node)] == node for x in labels)]
+
+
+def unread_nodes(labels: Sequence[Path], needed: Container[Path], known: Container[Path]) -> list[list[Path]]:
+    """Per label, its nodes in ``needed`` not in ``known`` (an empty list: the label is read through)."""
+    return [[x[:d] for d in range(len(x)) if x[:d] in needed and x[:d] not in known] for x in labels]
+
+
 def score_labels(labels: Sequence[Path], children: Mapping[Path, Sequence[Token]],
                  answers: Mapping[Path, Answer], form: str) -> LabelScores:
     """Each label's log-probability: the sum over its asked nodes of the chosen child's logprob (a
@@ -150,8 +163,7 @@ def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path
         raise ValueError("best_only reads one context in the joint form")
     children = label_trie(labels)
     needed = nodes_to_ask(children, form, shared=shared)
-    ask = [node for node in needed if len(children[node]) > 1 or all(x[:len(node)] == node for x in labels)
-           ] if best_only else needed
+    ask = branching_nodes(children, needed, labels) if best_only else needed
     answers: list[dict[Path, Answer]] = [{} for _ in contexts]
     band = False  # best_only: whether the labels near the first one were asked
     while True:
@@ -170,7 +182,7 @@ def label_logprobs(state: EndpointState, contexts: Sequence[tuple[Messages, Path
         if not best_only:
             return scored
         [known], [values] = answers, scored
-        missing = [[x[:d] for d in range(len(x)) if x[:d] in needed and x[:d] not in known] for x in labels]
+        missing = unread_nodes(labels, needed, known)
         first = min(range(len(labels)), key=lambda j: (-values.logprobs[j], j))
         if not missing[first]:
             return [LabelScores(values.logprobs, values.upper_bounds, sum(map(bool, missing)))]
