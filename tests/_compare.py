@@ -3,13 +3,20 @@
 llama.cpp's log-probabilities drift between calls (prompt-cache state, and concurrent requests
 batched together change the numerics: async runs drift more than sequential ones), and the
 calibration ``p - alpha (q - 1/|C|)`` with ``alpha`` up to 2 amplifies the drift of ``q`` twice over.
-So orders must agree except where the model was at a near-tie, and scores within a tolerance.
+So orders must agree except where the model was at a near-tie, and scores within a tolerance, unless one
+reading is answered from the other's record (:func:`replaying`, :func:`lazy_from_record`): then exactly.
 """
 
 from __future__ import annotations
 
-from capcal_integrations import Ranking
-from capcal_integrations.testing import every_node  # noqa: F401 (the tests import it from here)
+import json
+
+import httpx
+import openai
+
+from benchmarks._common import Replay
+from capcal_integrations import CapCalReranker, Ranking
+from capcal_integrations.testing import every_node
 
 #: How far the model's own probabilities (``Step.p`` and ``Step.q``) of two runs may differ: the
 #: server's drift, about 0.01 nat, more when concurrent requests are batched together.
@@ -94,3 +101,36 @@ def assert_same_order_up_to_ties(got: Ranking, want: Ranking, tol: float = TIE) 
 
 
 
+
+
+def replaying(base_url: str) -> tuple[Replay, list, CapCalReranker]:
+    """A reranker on ``base_url`` whose answers are recorded while ``replay.recording`` and answered from the record
+    after (``benchmarks.fidelity lazy``'s Replay), and the requests it sends."""
+    replay, sent = Replay(), []
+    http = httpx.Client(transport=replay, event_hooks={"request": [sent.append]}, timeout=600)
+    rr = CapCalReranker(client=openai.OpenAI(base_url=base_url, api_key="x", http_client=http, max_retries=0), guard=None)
+    rr.capabilities()
+    return replay, sent, rr
+
+
+def lazy_from_record(replay: Replay, sent: list, whole_rr: CapCalReranker, lazy_rr: CapCalReranker, query: str,
+                     passages: list[str]) -> tuple[Ranking, Ranking, int, int]:
+    """``whole_rr`` ranking with every node asked, its answers recorded, then ``lazy_rr`` answered from that record,
+    so that the server's drift between two batches cannot part them: every step chose alike and every prompt the lazy
+    reading asked is in the record (asserted). The two rankings and the prompts each asked."""
+    sent.clear()
+    replay.recording = True
+    with every_node(whole_rr) as every:
+        whole = every.rerank(query, passages)
+    whole_prompts = prompts_sent(sent)
+    sent.clear()
+    replay.recording, replay.missed = False, 0
+    lazy = lazy_rr.rerank(query, passages)
+    assert [s.chosen for s in lazy.steps] == [s.chosen for s in whole.steps] and lazy.order == whole.order
+    assert replay.missed == 0
+    return lazy, whole, prompts_sent(sent), whole_prompts
+
+
+def prompts_sent(sent: list) -> int:
+    """How many prompts (trie nodes) the recorded completions prompt lists asked."""
+    return sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/v1/completions"))

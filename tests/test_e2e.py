@@ -10,7 +10,6 @@ import math
 import socket
 import threading
 
-import httpx
 import httpx2
 import openai
 import pytest
@@ -25,7 +24,7 @@ from capcal_integrations import (
 from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.files import prompt_text
 from capcal_integrations.prompts.render import CAPCAL, RANK_ZEPHYR, clean_passage, labels, raw_text, render
-from tests._compare import assert_same_order_up_to_ties, assert_same_ranking, every_node
+from tests._compare import assert_same_order_up_to_ties, assert_same_ranking, every_node, lazy_from_record, replaying
 from tests._samples import PASSAGES, QUERY, dl19_lists
 
 pytestmark = pytest.mark.e2e
@@ -228,24 +227,13 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses(rr):
 def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_dl19(server_url):
     # capcal's middle steps ask only the nodes that certify their choice (reading.certified); the whole reading is
     # the same reranker with every node asked. Its answers are recorded and the lazy reading is answered from them
-    # (benchmarks.fidelity lazy's Replay), so the server's drift between two batches of the same prompts cannot
-    # part them: every step chooses alike, and every prompt the lazy reading asks is one the whole reading asked
-    from benchmarks._common import Replay
-
-    replay, sent = Replay(), []
-    http = httpx.Client(transport=replay, event_hooks={"request": [sent.append]}, timeout=600)
-    rr = CapCalReranker(client=openai.OpenAI(base_url=server_url, api_key="x", http_client=http, max_retries=0),
-                        guard=None)
+    # (lazy_from_record), so the server's drift between two batches of the same prompts cannot part them: every step
+    # chooses alike, and every prompt the lazy reading asks is one the whole reading asked
+    replay, sent, rr = replaying(server_url)
     lazy_rr = rr.with_options(method="capcal", alpha="adaptive")
     pruned = 0
     for query, passages in dl19_lists()[:2]:
-        replay.recording = True
-        with every_node(lazy_rr) as whole_rr:
-            whole = whole_rr.rerank(query, passages)
-        replay.recording, replay.missed = False, 0
-        lazy = lazy_rr.rerank(query, passages)
-        assert [s.chosen for s in lazy.steps] == [s.chosen for s in whole.steps] and lazy.order == whole.order
-        assert replay.missed == 0
+        lazy, *_ = lazy_from_record(replay, sent, lazy_rr, lazy_rr, query, passages)
         assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0
         pruned += sum(s.pruned for s in lazy.steps)
     assert pruned > 0

@@ -9,17 +9,15 @@ import asyncio
 import json
 import math
 
-import httpx
 import httpx2
 import openai
 import pytest
 
-from benchmarks._common import Replay
 from capcal_integrations import CapCalReranker
 from capcal_integrations.endpoints.calls import chat_messages
 from capcal_integrations.prompts.render import RANK_ZEPHYR, clean_passage, labels, render
 from capcal_integrations.reading.certified import ROUNDS
-from tests._compare import VLLM_DRIFT, assert_same_ranking, every_node
+from tests._compare import VLLM_DRIFT, assert_same_ranking, lazy_from_record, replaying
 from tests._samples import PASSAGES, QUERY, dl19_lists
 
 ELEVEN = PASSAGES + ["Fleas are small flightless insects.", "Paris is the capital of France.",
@@ -72,64 +70,34 @@ def test_vanillas_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(vll
     # middle steps ask only the trie nodes their choice needs (Kind.costly_prompts). The whole reading is capcal at
     # alpha 0 (its scores are p itself), its answers recorded; the lazy reading is answered from them (as below), so
     # each step chooses what the whole reading ranks first, with no allowance for vLLM's drift
-    replay, sent, rr = _replaying(vllm_url)
+    replay, sent, rr = replaying(vllm_url)
     passages = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
-    sent.clear()
-    with every_node(rr.with_options(method="capcal", alpha=0.0)) as whole_rr:  # capcal's own middle steps: lazy too
-        whole = whole_rr.rerank(QUERY, passages)
-    whole_prompts = _prompts(sent)
-    sent.clear()
-    replay.recording, replay.missed = False, 0
-    lazy = rr.with_options(method="vanilla").rerank(QUERY, passages)
-    assert [s.chosen for s in lazy.steps] == [s.chosen for s in whole.steps] and lazy.order == whole.order
-    assert replay.missed == 0 and len(lazy.steps) == 11
+    lazy, _, lazy_prompts, whole_prompts = lazy_from_record(  # capcal's own middle steps: lazy too, hence every node
+        replay, sent, rr.with_options(method="capcal", alpha=0.0), rr.with_options(method="vanilla"), QUERY, passages)
+    assert len(lazy.steps) == 11
     assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0 and sum(s.pruned for s in lazy.steps) > 0
-    assert _prompts(sent) < whole_prompts / 2  # the whole reading's real stream is half its prompts
-
-
-def _replaying(vllm_url: str) -> tuple[Replay, list, CapCalReranker]:
-    """A reranker whose answers are recorded while ``replay.recording`` and answered from the record after
-    (``benchmarks.fidelity lazy``'s Replay), and the requests it sends."""
-    replay, sent = Replay(), []
-    http = httpx.Client(transport=replay, event_hooks={"request": [sent.append]}, timeout=600)
-    rr = CapCalReranker(client=openai.OpenAI(base_url=vllm_url, api_key="x", http_client=http, max_retries=0), guard=None)
-    rr.capabilities()
-    return replay, sent, rr
+    assert lazy_prompts < whole_prompts / 2  # the whole reading's real stream is half its prompts
 
 
 def test_capcals_middle_steps_choose_what_the_whole_reading_chooses_on_vllm(vllm_url):
     # capcal's middle steps ask only the nodes that certify their choice (reading.certified), on vLLM's token-id prompt
     # lists as on llama.cpp's; the whole reading is the same reranker with every node asked. A fixed and the adaptive
     # strength, on a list of the tiny DL19 fixture each and on 12 passages. The whole reading's answers are recorded
-    # and the lazy reading is answered from them (benchmarks.fidelity lazy's Replay): vLLM's drift between two batches
-    # of the same prompts (bf16 on this CPU: the empty stream's shares moved .027 at a three-candidate step, alpha 2,
-    # and a live comparison failed in CI) cannot part them, so every step must choose alike. Certifying every step
-    # after its first round (a broken certificate) fails here
-    replay, sent, rr = _replaying(vllm_url)
+    # and the lazy reading is answered from them (lazy_from_record): vLLM's drift between two batches of the same
+    # prompts (bf16 on this CPU: the empty stream's shares moved .027 at a three-candidate step, alpha 2, and a live
+    # comparison failed in CI) cannot part them, so every step must choose alike. Certifying every step after its
+    # first round (a broken certificate) fails here
+    replay, sent, rr = replaying(vllm_url)
     pruned = 0
     twelve = [f"{p} ({i})" for i, p in enumerate(PASSAGES * 3)][:12]  # [10]-[12]: the trie branches below "[1"
     for alpha, (query, passages) in [*zip((1.0, "adaptive"), dl19_lists()), (1.0, (QUERY, twelve)),
                                      ("adaptive", (QUERY, twelve))]:
         lazy_rr = rr.with_options(method="capcal", alpha=alpha)
-        sent.clear()
-        replay.recording = True
-        with every_node(lazy_rr) as whole_rr:
-            whole = whole_rr.rerank(query, passages)
-        whole_prompts = _prompts(sent)
-        sent.clear()
-        replay.recording, replay.missed = False, 0
-        lazy = lazy_rr.rerank(query, passages)
-        assert [s.chosen for s in lazy.steps] == [s.chosen for s in whole.steps] and lazy.order == whole.order
-        assert replay.missed == 0  # every prompt the lazy reading asked, the whole reading asked
+        lazy, _, lazy_prompts, whole_prompts = lazy_from_record(replay, sent, lazy_rr, lazy_rr, query, passages)
         assert lazy.steps[0].pruned == lazy.steps[-1].pruned == 0
-        assert _prompts(sent) < whole_prompts
+        assert lazy_prompts < whole_prompts
         pruned += sum(s.pruned for s in lazy.steps)
     assert pruned > 0
-
-
-def _prompts(sent: list) -> int:
-    """How many prompts (trie nodes) the recorded token-id prompt lists asked."""
-    return sum(len(json.loads(r.content)["prompt"]) for r in sent if r.url.path.endswith("/v1/completions"))
 
 
 def test_sliding_window_over_30_passages(rr):
